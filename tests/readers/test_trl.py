@@ -123,3 +123,16 @@ def test_the_flags_check_prints_for_a_grpo_config_are_flags_estimate_takes(tmp_p
     path.write_text(GRPO)
     d, e = _check_then_estimate(cli, path)
     assert "stack" not in d["check"]["settings"] and d["memory"] == e["memory"]
+
+
+def test_check_takes_the_prompt_length_it_asks_for(tmp_path, cli):
+    """check's note on a GRPOConfig said 'pass --prompt-len' (docs/check.md too), but check had no such option ('No
+    such option: --prompt-len', exit 2): the estimate stayed at 512 prompt tokens. With it, the answer is
+    `trainfit estimate`'s for the flags check prints plus --prompt-len, and the note is gone."""
+    path = tmp_path / "grpo.yaml"
+    path.write_text(GRPO)
+    d, e = _check_then_estimate(cli, path, "--prompt-len", "300")
+    assert not any(x.startswith("prompt length") for x in d["check"]["not_modelled"])
+    assert d["memory"] == e["memory"] and d["setup"]["prompt_len"] == 300 == e["setup"]["prompt_len"]
+    code, _, err = cli("check", str(path), "--model", MODEL, "--prompt-len", "0")
+    assert code == 2 and len(err.strip().splitlines()) == 1

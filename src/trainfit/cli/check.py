@@ -20,10 +20,13 @@ ModelOpt = typer.Option(None, "--model", help="The model, when the files do not 
 GpuOpt = typer.Option(None, "--gpu", help=BY_NAME["gpu"].meta.help)
 DpOpt = typer.Option(None, "--dp", help="Data-parallel ranks, when the files do not say (a torchtitan shard degree "
                      "of -1 without the torchrun line, TrainingArguments, Megatron without torchrun's sizes).")
+PromptLenOpt = typer.Option(None, "--prompt-len", help="Prompt tokens per sequence, which no file holds (a TRL "
+                           "GRPOConfig's dataset, a serving command's requests): "
+                           + BY_NAME["prompt_len"].meta.help)
 
 
 def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Optional[str] = GpuOpt,
-          dp: Optional[int] = DpOpt, json: bool = JsonOpt) -> None:
+          dp: Optional[int] = DpOpt, prompt_len: Optional[int] = PromptLenOpt, json: bool = JsonOpt) -> None:
     """Check your own config before launch: read it with its stack's own parser, map every key to trainfit's
     settings (or name it as not modelled, with the direction of its effect), then answer as `estimate` does.
 
@@ -41,7 +44,7 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
     # (a stack's own parser imports the stack: seconds for torchtitan's or Megatron's)
     with spinner(f"reading {', '.join(files)} with the stacks' own parsers", quiet=json):
         readings = [read(f, dp) for f in files]
-        req, notes = request_of(readings, model, gpu, dp)
+        req, notes = request_of(readings, model, gpu, dp, prompt_len)
         spec = api.load_spec(req.model)
         for r in readings:
             for c in r.checks:
@@ -88,8 +91,8 @@ def settings_of(readings, req) -> dict:
                                                                else []) + (["dp"] if req.dp != 1 else []))}
 
 
-def request_of(readings, model: str | None, gpu: str | None, dp: int | None):
-    """(Request, notes) of the files read together, with --model, --gpu and --dp."""
+def request_of(readings, model: str | None, gpu: str | None, dp: int | None, prompt_len: int | None = None):
+    """(Request, notes) of the files read together, with --model, --gpu, --dp and --prompt-len."""
     from ..errors import SetupError
     from ..readers import combine
     from ..setup import Request
@@ -107,6 +110,10 @@ def request_of(readings, model: str | None, gpu: str | None, dp: int | None):
             raise SetupError(f"global batch {total} is not micro-batch {micro} × dp {ranks} × a whole accumulation: "
                              "give --dp (the data-parallel ranks) or fix the file")
         values["grad_accum"] = total // (micro * ranks)
+    if prompt_len is not None:  # (the files hold none: the TRL reader's note asks for it)
+        values["prompt_len"] = prompt_len
+        for r in readings:
+            r.not_modelled = [x for x in r.not_modelled if not x.startswith("prompt length:")]
     if gpu is None and "tokens" in values:
         values.pop("tokens")
         notes.append("the run's length (steps): its time and cost need --gpu")
