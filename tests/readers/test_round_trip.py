@@ -527,3 +527,29 @@ def test_vllm_max_model_len_auto_is_listed_not_refused(tmp_path, value):
     r = read(path)
     assert "max_model_len" not in r.values and r.values["tp"] == 2
     assert any(x.startswith("--max-model-len = 'auto': not modelled") for x in r.not_modelled), r.not_modelled
+
+
+@pytest.mark.parametrize("name, text, has", [
+    ("serve.sh", "vllm serve llama-3.1-8b --enforce-eager --max-num-seqs 64\n", "--enforce-eager"),
+    ("args.yaml", "output_dir: o\nper_device_train_batch_size: 2\ntf32: true\n", "--tf32"),
+])
+def test_the_as_trainfit_line_is_a_command_estimate_runs(tmp_path, cli, name, text, has):
+    """check printed switches as '--enforce-eager True', '--tf32 True', which `trainfit estimate` refuses ('Got
+    unexpected extra argument(s) (True)'): a switch is printed alone when on. Run as printed, estimate answers as
+    check does."""
+    import json
+    import shlex
+
+    path = tmp_path / name
+    path.write_text(text)
+    extra = ["--model", "llama-3.2-1b"] if name.endswith(".yaml") else []
+    code, out, err = cli("check", str(path), *extra, "--gpu", "H100-80GB")
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("as trainfit: "))
+    argv = shlex.split(line.removeprefix("as trainfit: "))
+    assert has in argv and "True" not in argv, line
+    model = extra[1] if extra else "llama-3.1-8b"
+    code, est, err = cli("estimate", model, *argv, "--gpu", "H100-80GB", "--json")
+    assert code == 0, err
+    code, out, _ = cli("check", str(path), *extra, "--gpu", "H100-80GB", "--json")
+    assert json.loads(out)["memory"] == json.loads(est)["memory"]

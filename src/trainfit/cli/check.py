@@ -63,7 +63,7 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
         return
     for r in readings:
         typer.echo(f"read {r.source}")
-    typer.echo("as trainfit: " + " ".join(f"{flag(k)} {shown(v)}" for k, v in said["settings"].items()))
+    typer.echo("as trainfit: " + " ".join(x for k, v in said["settings"].items() for x in as_flag(k, v)))
     for x in said["not_modelled"]:
         typer.echo(f"  · {x}")
     if said["as_modelled"]:
@@ -73,6 +73,16 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
     if said["unknown"]:
         typer.echo(f"  · unknown to trainfit (effect not known): {', '.join(said['unknown'])}")
     show_estimates(req, results, False)
+
+
+def as_flag(name: str, v) -> list[str]:
+    """Setting `name` = `v` as `trainfit estimate` takes it: a switch alone when on and left out when off (every
+    switch is off by default), a value quoted as a shell reads it."""
+    import shlex
+
+    if isinstance(v, bool):
+        return [flag(name)] if v else []
+    return [flag(name), shlex.quote(shown(v))]
 
 
 def shown(v) -> str:
