@@ -173,6 +173,31 @@ def test_accelerate_hybrid_shard_over_machines_is_listed(tmp_path, strategy, mac
     assert s.zero == 3 and any("HSDP" in x for x in r.not_modelled) == listed, r.not_modelled
 
 
+@pytest.mark.parametrize("option, want", [("op", "op"), ("2", "layer:2"), ("1", "layer:1"), ("0", "layer:1"),
+                                           ("x", "torchtitan refuses it"), ("-1", "torchtitan refuses it")])
+def test_torchtitan_selective_ac_option_as_torchtitan_applies_it(tmp_path, cli, option, want):
+    """torchtitan's layer SAC wraps a layer when `not ac_freq or count % ac_freq == 0` (distributed/
+    activation_checkpoint.py:39-40): "0" checkpoints every layer, as "1" does (check refused 'layer:0'); an option
+    neither 'op' nor digits is its ValueError (:177-183; "x" was a traceback, int('x'))."""
+    from torchtitan.config import ActivationCheckpoint
+    from torchtitan.distributed import activation_checkpoint as ac
+
+    import torch.nn as nn
+
+    path = tmp_path / "job.toml"
+    path.write_text(f'[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\nmode = "selective"\n'
+                    f'selective_ac_option = "{option}"\n')
+    if want.startswith("torchtitan"):
+        with pytest.raises(ValueError, match="Invalid selective AC option"):  # torchtitan's own refusal
+            ac._apply_ac_to_transformer_block(nn.Linear(2, 2), ActivationCheckpoint(mode="selective",
+                                                                                    selective_ac_option=option))
+        code, _, err = cli("check", str(path))
+        assert code == 2 and want in err and len(err.strip().splitlines()) == 1, err
+        return
+    s, _ = _setup([path], model=None)
+    assert s.recompute == want
+
+
 MEGATRON = ("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
             "--seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer ")
 

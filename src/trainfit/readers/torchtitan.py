@@ -196,7 +196,14 @@ def _recompute(ac) -> str:
     if ac.mode in ("none", "full"):
         return ac.mode
     if ac.mode == "selective":
-        return "op" if ac.selective_ac_option == "op" else f"layer:{int(ac.selective_ac_option)}"
+        option = str(ac.selective_ac_option)
+        if option == "op":
+            return "op"
+        if not option.isdigit():  # (:177-183: 'op' or digits, else ValueError)
+            raise SetupError(f"activation_checkpoint.selective_ac_option {option!r}: torchtitan refuses it (Invalid "
+                             "selective AC option: 'op' or a positive int, "
+                             "distributed/activation_checkpoint.py:177-183)")
+        return f"layer:{int(option) or 1}"  # 0 checkpoints every layer (:39-40: `not ac_freq`), as 1 does
     raise SetupError(f"activation_checkpoint.mode = {ac.mode!r}: trainfit does not model the memory-budget "
                      "recompute; use none, full or selective")
 
