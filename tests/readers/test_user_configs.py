@@ -360,6 +360,27 @@ def test_torchtitan_global_batch_torchtitan_refuses_is_refused(tmp_path, cli, g,
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("text, says", [
+    # (a TypeError traceback: dict(5), 'x' > 1)
+    ('{"train_micro_batch_size_per_gpu": 1, "zero_optimization": 5}', "zero_optimization is 5, not an object"),
+    ('{"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": "x"}', "sequence_parallel_size is 'x'"),
+    # (read with the batch dropped without a word: the estimate at micro-batch 1)
+    ('{"train_micro_batch_size_per_gpu": 2.0, "gradient_accumulation_steps": 1}', "is 2.0, not a positive whole"),
+    ('{"train_micro_batch_size_per_gpu": 1e400, "gradient_accumulation_steps": 1}', "is inf, not a positive whole"),
+])
+def test_deepspeed_values_of_the_wrong_type_are_one_line(tmp_path, cli, text, says):
+    """DeepSpeed builds DeepSpeedZeroConfig(**zero_optimization) and hands the micro-batch to torch's DataLoader,
+    which takes a positive int only (torch.utils.data.DataLoader's BatchSampler)."""
+    from torch.utils.data import BatchSampler
+
+    with pytest.raises(ValueError):
+        BatchSampler(range(4), batch_size=2.0, drop_last=False)
+    path = tmp_path / "ds.json"
+    path.write_text(text)
+    code, out, err = cli("check", str(path), "--model", MODEL)
+    assert code == 2 and out == "" and says in err and len(err.strip().splitlines()) == 1, err
+
+
 MEGATRON_MOE = ("torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layers 48 --hidden-size 2048 "
                 "--num-attention-heads 32 --seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 "
                 "--use-distributed-optimizer --num-experts 128 --moe-router-topk 8 --moe-ffn-hidden-size 768 "

@@ -48,6 +48,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     except ValueError as e:
         raise SetupError(f"{path}: not valid JSON ({e}): fix the file") from None
     r = Reading(f"{path} (deepspeed DeepSpeedConfig)")
+    _shape(raw, path)
     auto = [k for k, v in raw.items() if v == "auto"]
     zraw = dict(raw.get("zero_optimization") or {})
     auto += [f"zero_optimization.{k}" for k, v in zraw.items() if v == "auto"]
@@ -95,6 +96,22 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         else:
             r.unknown.append(f"zero_optimization.{k}")
     return r
+
+
+def _shape(raw: dict, path: Path) -> None:
+    """The values trainfit reads before DeepSpeed's own parse, of the types DeepSpeed takes (runtime/config.py: the
+    batch sizes and sequence_parallel_size whole numbers, zero_optimization an object: DeepSpeedZeroConfig(**it));
+    else one line (a TypeError traceback, or a batch of 2.0 or 1e400 dropped without a word)."""
+    for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+              "sequence_parallel_size"):
+        v = raw.get(k)
+        if v is not None and v != "auto" and not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+            raise SetupError(f"{path}: {k} is {v!r}, not a positive whole number (DeepSpeed batches and ranks "
+                             "count sequences and processes): fix the file")
+    z = raw.get("zero_optimization")
+    if z is not None and not isinstance(z, dict):
+        raise SetupError(f"{path}: zero_optimization is {z!r}, not an object ({{\"stage\": N, ...}}: DeepSpeed "
+                         "builds DeepSpeedZeroConfig from its keys): fix the file")
 
 
 # DeepSpeed's keys the HF Trainer fills from TrainingArguments -> their fields (transformers 5.24.0
