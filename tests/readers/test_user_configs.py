@@ -63,6 +63,22 @@ def test_trainer_arguments_tf32_is_read_where_the_trainer_turns_it_on(tmp_path, 
     assert not any(x.startswith("tf32") for x in r.not_modelled), r.not_modelled
 
 
+@pytest.mark.parametrize("optim", ["adamw_torch", "adamw_torch_fused", "sgd"])
+def test_trainer_arguments_optim_kernel_is_the_one_the_trainer_builds(tmp_path, optim):
+    """optim adamw_torch builds torch's AdamW without fused=True (transformers trainer_optimizer.py:201-207), which
+    runs foreach on CUDA (torch/optim/adam.py:935-939); check read it as the stack's default, fused (that is
+    adamw_torch_fused's), so the foreach step's temporaries were missing. sgd alike (sgd.py:277-284)."""
+    from transformers import Trainer, TrainingArguments
+
+    _, kwargs = Trainer.get_optimizer_cls_and_kwargs(TrainingArguments(output_dir=str(tmp_path), optim=optim,
+                                                                       report_to="none"))
+    want = "fused" if kwargs.get("fused") else "foreach"  # torch's own default where fused is not asked for
+    path = tmp_path / "args.yaml"
+    path.write_text(f"output_dir: out\nper_device_train_batch_size: 2\nbf16: true\noptim: {optim}\n")
+    s, _ = _setup([path])
+    assert s.optimizer_kernel == want
+
+
 def test_trainer_arguments_with_use_liger_kernel_read_as_trainer_arguments(tmp_path):
     """use_liger_kernel is a TrainingArguments field (transformers 5.24 training_args.py:957): such a file was read
     as TRL's SFTConfig, with TRL's defaults (gradient checkpointing on, max_length 1024, its chunked LM head) the

@@ -14,12 +14,14 @@ from . import Reading, names_deepspeed
 from .accelerate import reshard_zero
 
 # TrainingArguments.optim (training_args.py OptimizerNames) -> (trainfit --optimizer, --optimizer-impl): the HF
-# Trainer's builds (transformers trainer_optimizer.py: adamw_torch foreach by default, _fused fused)
-OPTIM = {"adamw_torch": ("adamw", None), "adamw_torch_fused": ("adamw", "fused"), "adamw_torch_4bit":
+# Trainer's builds (transformers trainer_optimizer.py:201-207: torch's AdamW, fused=True for adamw_torch_fused only;
+# torch.optim.SGD for sgd), torch's AdamW and SGD without fused running foreach on CUDA (torch/optim/adam.py:935-939,
+# sgd.py:277-284 _default_to_fused_or_foreach); the stack's own default (fused) is adamw_torch_fused's
+OPTIM = {"adamw_torch": ("adamw", "foreach"), "adamw_torch_fused": ("adamw", "fused"), "adamw_torch_4bit":
          ("adamw-torchao-4bit", None), "adamw_torch_8bit": ("adamw-torchao-8bit", None),
          "adamw_bnb_8bit": ("adamw-8bit", None), "adamw_8bit": ("adamw-8bit", None),
          "paged_adamw_8bit": ("paged-adamw-8bit", None), "paged_adamw_32bit": ("paged-adamw", None),
-         "paged_adamw": ("paged-adamw", None), "lion_32bit": ("lion", None), "sgd": ("sgd", None),
+         "paged_adamw": ("paged-adamw", None), "lion_32bit": ("lion", None), "sgd": ("sgd", "foreach"),
          "adafactor": ("adafactor", None)}
 MAPPED = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "gradient_checkpointing",
           "max_grad_norm", "optim", "fsdp", "torch_compile", "deepspeed", "activation_checkpointing")
