@@ -133,3 +133,19 @@ def test_emit_takes_a_local_checkpoint_quantised_so(cli, model_dir, server):
     code, out, err = cli("estimate", "my model", "--mode", "serve", "--server", server, "--gpu", "H100-80GB",
                          "--quant", "awq", "--emit", server)
     assert code == 2 and "has quant_method 'gptq'" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
+def test_check_refuses_a_serving_command_the_engine_cannot_load(cli, model_dir, server):
+    """check read `vllm serve <16-bit checkpoint> --quantization awq` and answered for it (fits, its throughput),
+    though the engine does not start (weight_utils.get_quant_config: 'Cannot find the config file for awq'), the
+    command --emit refuses to write. An AWQ checkpoint's own config.json is read."""
+    line = {"vllm": "vllm serve './my model' --quantization awq\n",
+            "sglang": "python -m sglang.launch_server --model-path './my model' --quantization awq\n"}[server]
+    (model_dir.parent / "serve.sh").write_text(line)
+    code, out, err = cli("check", "serve.sh", "--gpu", "H100-80GB")
+    assert code == 2 and out == "" and "has none (16-bit weights)" in err and len(err.strip().splitlines()) == 1, err
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps(dict(config, quantization_config=AWQ)))
+    code, out, err = cli("check", "serve.sh", "--gpu", "H100-80GB")
+    assert code == 0 and "--quant awq" in out, err

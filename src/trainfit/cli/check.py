@@ -37,6 +37,7 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
       trainfit check grpo.yaml --model qwen2.5-1.5b --dp 8 --gpu H100-80GB   # a TRL GRPOConfig
     """
     from .. import api
+    from ..errors import SetupError
     from ..readers import read
     from .app import show_estimates
     from .spinner import spinner
@@ -46,6 +47,13 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
         readings = [read(f, dp) for f in files]
         req, notes = request_of(readings, model, gpu, dp, prompt_len)
         spec = api.load_spec(req.model)
+        if req.mode == "serve":  # (the engine refuses to start: as --emit refuses to write it)
+            from ..plan.emit_vllm import unloadable
+
+            why = unloadable(req.model, req.quant)
+            if why:
+                raise SetupError(f"--quantization {req.quant}: {why}; the engine would not start: pass the "
+                                 f"{req.quant.upper()} checkpoint as the model, or drop --quantization")
         for r in readings:
             for c in r.checks:
                 c(spec)

@@ -27,19 +27,29 @@ def model_argument(model: str, setup: Setup, emit: str) -> str:
     """What the engine's model argument takes for `model` (serving_ref); under --quant awq/gptq only a checkpoint
     whose config.json says that quant_method (a local config, or a hub id's in the HF cache): the engine cannot
     load a 16-bit checkpoint as AWQ/GPTQ."""
-    if setup.quant in PREQUANTISED:
-        found = locate(model)
-        method = None
-        if found.path is not None:
-            with open(found.path, encoding="utf-8") as f:
-                method = str((json.load(f).get("quantization_config") or {}).get("quant_method", "")).lower() or None
-        if method != setup.quant:
-            q = setup.quant.upper()
-            has = f"has quant_method {method!r}" if method else "has none (16-bit weights)"
-            raise SetupError(f"--emit {emit} --quant {setup.quant}: the engine loads {q} weights only from a {q} "
-                             f"checkpoint (its config.json's quantization_config.quant_method), and {model} {has}: "
-                             f"pass the {q} checkpoint's config.json or folder as MODEL, or drop --emit")
+    why = unloadable(model, setup.quant)
+    if why:
+        raise SetupError(f"--emit {emit} --quant {setup.quant}: {why}: pass the {setup.quant.upper()} checkpoint's "
+                         "config.json or folder as MODEL, or drop --emit")
     return serving_ref(model)
+
+
+def unloadable(model: str, quant: str | None) -> str | None:
+    """Why the engine cannot load `model` under --quantization `quant` (awq/gptq: only a checkpoint whose config.json
+    says that quant_method; vLLM ModelConfig._verify_quantization, weight_utils.get_quant_config), else None."""
+    if quant not in PREQUANTISED:
+        return None
+    found = locate(model)
+    method = None
+    if found.path is not None:
+        with open(found.path, encoding="utf-8") as f:
+            method = str((json.load(f).get("quantization_config") or {}).get("quant_method", "")).lower() or None
+    if method == quant:
+        return None
+    q = quant.upper()
+    has = f"has quant_method {method!r}" if method else "has none (16-bit weights)"
+    return (f"the engine loads {q} weights only from a {q} checkpoint (its config.json's "
+            f"quantization_config.quant_method), and {model} {has}")
 
 
 def vllm_command(model: str, setup: Setup, serving: Serving) -> str:
