@@ -149,3 +149,32 @@ def test_check_refuses_a_serving_command_the_engine_cannot_load(cli, model_dir, 
     (model_dir / "config.json").write_text(json.dumps(dict(config, quantization_config=AWQ)))
     code, out, err = cli("check", "serve.sh", "--gpu", "H100-80GB")
     assert code == 0 and "--quant awq" in out, err
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
+def test_check_reads_the_checkpoints_own_quantisation(cli, model_dir, server):
+    """`vllm serve <AWQ checkpoint>` without --quantization runs AWQ: the engine takes the config.json's
+    quantization_config (vLLM ModelConfig._verify_quantization). check estimated it at 16-bit weights, without a
+    word; it is read as --quant awq (noted), and answers as `trainfit estimate MODEL --quant awq` does."""
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps(dict(config, quantization_config=AWQ)))
+    line = {"vllm": "vllm serve './my model'\n",
+            "sglang": "python -m sglang.launch_server --model-path './my model'\n"}[server]
+    (model_dir.parent / "serve.sh").write_text(line)
+    code, out, err = cli("check", "serve.sh", "--gpu", "H100-80GB", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["check"]["settings"]["quant"] == "awq"
+    assert any("quant_method 'awq'" in x for x in d["check"]["not_modelled"]), d["check"]["not_modelled"]
+    code, est, err = cli("estimate", "my model", "--mode", "serve", "--server", server, "--quant", "awq",
+                         "--gpu", "H100-80GB", "--json")
+    assert code == 0, err
+    assert d["memory"]["weights"] == json.loads(est)["memory"]["weights"] < config_weights(cli, server)
+
+
+def config_weights(cli, server) -> int:
+    """The 16-bit weights of the checkpoint model_dir copies (the catalog's Llama-3.2-1B)."""
+    code, out, err = cli("estimate", "llama-3.2-1b", "--mode", "serve", "--server", server, "--gpu", "H100-80GB",
+                         "--json")
+    assert code == 0, err
+    return json.loads(out)["memory"]["weights"]

@@ -48,8 +48,16 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
         req, notes = request_of(readings, model, gpu, dp, prompt_len)
         spec = api.load_spec(req.model)
         if req.mode == "serve":  # (the engine refuses to start: as --emit refuses to write it)
-            from ..plan.emit_vllm import unloadable
+            from dataclasses import replace
 
+            from ..plan.emit_vllm import PREQUANTISED, checkpoint_quant, unloadable
+
+            method = checkpoint_quant(req.model) if req.quant is None else None
+            if method in PREQUANTISED + ("fp8",):  # the engine takes the checkpoint's own (vLLM ModelConfig.
+                # _verify_quantization: quant_cfg = the config's quantization_config; SGLang alike)
+                req = replace(req, quant=method)
+                notes.append(f"quantization_config.quant_method {method!r} of {req.model}'s config.json: the engine "
+                             f"loads its weights so (as --quant {method})")
             why = unloadable(req.model, req.quant)
             if why:
                 raise SetupError(f"--quantization {req.quant}: {why}; the engine would not start: pass the "
@@ -61,7 +69,10 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
     serving = results[0].detail.serving  # (--mode serve's; None for training)
     for r in readings:  # the engine's flags the estimate sized itself: as it assumed, or not modelled
         r.against(serving.knobs if serving is not None else {})
-    said = {"files": [r.source for r in readings], "settings": settings_of(readings, req),
+    settings = settings_of(readings, req)
+    if req.quant is not None and "quant" not in settings and req.mode == "serve":  # (the checkpoint's own, above)
+        settings["quant"] = req.quant
+    said = {"files": [r.source for r in readings], "settings": settings,
             "not_modelled": [x for r in readings for x in r.not_modelled] + notes,
             "unknown": [x for r in readings for x in r.unknown],
             "no_effect": [x for r in readings for x in r.no_effect],

@@ -34,16 +34,22 @@ def model_argument(model: str, setup: Setup, emit: str) -> str:
     return serving_ref(model)
 
 
+def checkpoint_quant(model: str) -> str | None:
+    """The quant_method of `model`'s config.json (a local config, or a hub id's in the HF cache), lower case; None
+    for a 16-bit checkpoint or a catalog model."""
+    found = locate(model)
+    if found.path is None:
+        return None
+    with open(found.path, encoding="utf-8") as f:
+        return str((json.load(f).get("quantization_config") or {}).get("quant_method", "")).lower() or None
+
+
 def unloadable(model: str, quant: str | None) -> str | None:
     """Why the engine cannot load `model` under --quantization `quant` (awq/gptq: only a checkpoint whose config.json
     says that quant_method; vLLM ModelConfig._verify_quantization, weight_utils.get_quant_config), else None."""
     if quant not in PREQUANTISED:
         return None
-    found = locate(model)
-    method = None
-    if found.path is not None:
-        with open(found.path, encoding="utf-8") as f:
-            method = str((json.load(f).get("quantization_config") or {}).get("quant_method", "")).lower() or None
+    method = checkpoint_quant(model)
     if method == quant:
         return None
     q = quant.upper()
