@@ -271,6 +271,20 @@ def test_megatron_fp8_runs_only_with_a_format(tmp_path, flags, want):
     assert (want == "none") == ("--fp8-recipe" in r.no_effect), r.no_effect
 
 
+@pytest.mark.parametrize("launch, dp, noted", [("srun python", None, True), ("srun python", 8, False),
+                                              ("torchrun --nproc_per_node 8", None, False)])
+def test_megatron_without_the_world_size_says_so(tmp_path, launch, dp, noted):
+    """Megatron's data-parallel size is world / (tp × pp × cp) (parallel_state.py); a line launched by srun names no
+    world size, and check read dp 1 without a word: --global-batch-size 64 became 64 accumulated micro-batches on
+    one rank (the step time 8x an 8-rank run's)."""
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON.replace("torchrun --nproc_per_node 8", launch).replace(" --use-distributed-optimizer", "")
+                  + "\n")
+    s, (r,) = _setup([sh], dp=dp)
+    assert (s.dp, s.grad_accum) == ((1, 64) if noted else (8, 8))
+    assert any(x.startswith("data-parallel size") for x in r.not_modelled) == noted, r.not_modelled
+
+
 def test_a_deepspeed_optimizer_block_is_listed_as_changing_memory_not_as_without_effect(tmp_path):
     """DeepSpeed builds the optimizer its block names (runtime/engine.py _configure_basic_optimizer): Lion keeps one
     state where AdamW keeps two, so the block moves the optimizer states; it was listed under 'no effect'."""

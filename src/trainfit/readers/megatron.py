@@ -96,6 +96,9 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     a, rest = parse_flags(parser(), argv, path)
     world = launcher_world(before)
     _settings(a, r, world)
+    if world is None and dp is None:  # (an srun/mpirun launch: the ranks are the scheduler's; torchtitan's alike)
+        r.not_modelled.append("data-parallel size: the world size is not in the command (torchrun's --nproc-per-node "
+                              "× --nnodes): read as 1, the global batch as accumulation on one rank; give --dp")
     for k, v in leftover_flags(rest):
         if any(k == p or (p.endswith("-") and k.startswith(p)) for p in NO_EFFECT):
             r.skip(f"--{k}", v, "no effect on a step's memory or time")
