@@ -136,3 +136,24 @@ def test_check_takes_the_prompt_length_it_asks_for(tmp_path, cli):
     assert d["memory"] == e["memory"] and d["setup"]["prompt_len"] == 300 == e["setup"]["prompt_len"]
     code, _, err = cli("check", str(path), "--model", MODEL, "--prompt-len", "0")
     assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("init, want", [("", "amp-bf16"), ("model_init_kwargs: {dtype: float32}\n", "amp-bf16"),
+                                        ("model_init_kwargs: {dtype: bfloat16}\n", "bf16")])
+def test_model_init_kwargs_dtype_sets_the_weights_dtype(tmp_path, init, want):
+    """TRL loads the model with model_init_kwargs (trainer/utils.py:1332-1336 create_model_from_path: float32 unless
+    `dtype` says otherwise); dtype bfloat16 trains bf16 weights, gradients and optimizer states (--precision bf16).
+    check listed model_init_kwargs as without effect and estimated fp32 master weights (amp-bf16)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl.trainer.utils import create_model_from_path
+
+    tiny = tmp_path / "tiny"
+    LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1, vocab_size=64)).save_pretrained(tiny)
+    kwargs = {"dtype": "bfloat16"} if "bfloat16" in init else {"dtype": "float32"} if init else {}
+    loaded = create_model_from_path(str(tiny), device_map=None, **kwargs)
+    assert next(loaded.parameters()).dtype == (torch.bfloat16 if want == "bf16" else torch.float32)
+    r, s = _setup(tmp_path, "output_dir: out\nper_device_train_batch_size: 2\nmax_length: 512\n" + init)
+    assert s.precision == want
+    assert "model_init_kwargs" not in r.no_effect

@@ -22,7 +22,7 @@ SFT_KEYS = {"packing", "packing_strategy", "padding_free", "dataset_text_field",
 
 # Keys of any TRL config without an effect on a step's memory or time (data preparation, loss coefficients,
 # sampling parameters, logging, the vLLM server's address)
-NO_EFFECT = ("model_init_kwargs", "trust_remote_code", "chat_template_path", "dataset_kwargs", "dataset_num_proc",
+NO_EFFECT = ("trust_remote_code", "chat_template_path", "dataset_kwargs", "dataset_num_proc",
              "eos_token", "pad_token", "truncation_mode", "shuffle_dataset", "pad_to_multiple_of", "eval_packing",
              "completion_only_loss", "assistant_only_loss", "router_aux_loss_coef", "disable_dropout",
              "num_generations_eval", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
@@ -115,10 +115,39 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
             r.set("liger", True, "use_liger_kernel")
         if which == "dpo":
             _dpo(r, a)
+    _model_init(r, a.model_init_kwargs, raw, ds)
     # a switch left off (False, None, 0) has no effect
     off = tuple(k for k in EFFECT if k in raw and not raw[k])
-    leftovers(r, raw, MAPPED + (("beta",) if which == "grpo" else ()), NO_EFFECT + off, EFFECT)
+    leftovers(r, raw, MAPPED + ("model_init_kwargs",) + (("beta",) if which == "grpo" else ()), NO_EFFECT + off,
+              EFFECT)
     return r
+
+
+# model_init_kwargs' attn_implementation -> --attention (transformers' names)
+ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash2"}
+INIT_NO_EFFECT = ("trust_remote_code", "revision", "use_cache", "low_cpu_mem_usage")
+
+
+def _model_init(r: Reading, kw, raw: dict, ds) -> None:
+    """model_init_kwargs, the trainers' from_pretrained arguments (sft_trainer.py:683, grpo_trainer.py:335;
+    trainer/utils.py:1332-1336 create_model_from_path): `dtype` is the weights' (float32 unless given): bfloat16 is
+    pure bf16 training, the Trainer's autocast upcasting nothing (weights, gradients and optimizer states in bf16:
+    --precision bf16), unless DeepSpeed's bf16/fp16 block decides; attn_implementation the attention kernel."""
+    for k, v in (kw or {}).items() if isinstance(kw, dict) else ():
+        key = f"model_init_kwargs.{k}"
+        if k == "dtype" and ds is not None:
+            r.skip(key, v, "no effect: DeepSpeed's bf16/fp16 block decides the precision")
+        elif k == "dtype" and str(v) in ("bfloat16", "torch.bfloat16") and not raw.get("fp16"):
+            r.values["precision"] = "bf16"  # (over apply's amp-bf16 / fp32: the weights are bf16)
+        elif k == "dtype" and str(v) in ("float32", "torch.float32"):
+            r.skip(key, v, "no effect: TRL's own default (fp32 weights)")
+        elif k == "attn_implementation" and v in ATTENTION:
+            r.set("attention", ATTENTION[v], key)
+        elif k in INIT_NO_EFFECT:
+            r.skip(key, v, "no effect on a step's memory or time")
+        else:
+            r.skip(key, v, "memory and time: the weights' dtype (auto: the checkpoint's)" if k == "dtype" else
+                   "memory and time: a from_pretrained argument trainfit does not read")
 
 
 def _sequence(r: Reading, a, which: str) -> None:
