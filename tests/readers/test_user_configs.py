@@ -214,6 +214,40 @@ def test_torchtitan_selective_ac_option_as_torchtitan_applies_it(tmp_path, cli, 
     assert s.recompute == want
 
 
+@pytest.mark.parametrize("block", [
+    {"zero_stage": 3, "offload_optimizer_device": "cpu", "gradient_accumulation_steps": 4, "gradient_clipping": 1.0},
+    {"zero_stage": 2, "offload_optimizer_device": "none", "offload_param_device": "none",
+     "gradient_accumulation_steps": 2},
+    {"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu"},
+    {},  # DeepSpeedPlugin's defaults: ZeRO-2
+])
+def test_accelerate_deepspeed_settings_inline_read_as_accelerate_builds_them(tmp_path, block):
+    """`accelerate config`'s DeepSpeed answers live inline (deepspeed_config: zero_stage, offload_*_device, ...),
+    with no DeepSpeed JSON: check refused them ('pass its DeepSpeed config JSON (deepspeed_config_file)', a file
+    the user does not have). They read as the DeepSpeed config accelerate's DeepSpeedPlugin builds from them
+    (utils/dataclasses.py:1131-1218, set_mixed_precision :1301-1325), read by the DeepSpeed reader."""
+    import json
+
+    import yaml
+    from accelerate.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(**block)
+    plugin.set_mixed_precision("bf16")
+    built = {k: v for k, v in plugin.deepspeed_config.items() if k != "steps_per_print"}
+    built.update(train_micro_batch_size_per_gpu=1, train_batch_size=1 * 8 * plugin.gradient_accumulation_steps
+                 if isinstance(plugin.gradient_accumulation_steps, int) else "auto")
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps(built))
+    acc = tmp_path / "accelerate.yaml"
+    acc.write_text(yaml.safe_dump({"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED",
+                                   "deepspeed_config": block, "mixed_precision": "bf16", "num_machines": 1,
+                                   "num_processes": 8}))
+    got, _ = _setup([acc])
+    want, _ = _setup([ds], dp=8)
+    keys = ("stack", "dp", "zero", "offload", "precision", "grad_accum", "max_grad_norm")
+    assert {k: getattr(got, k) for k in keys} == {k: getattr(want, k) for k in keys}
+
+
 MEGATRON = ("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
             "--seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer ")
 

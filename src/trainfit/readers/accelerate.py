@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SetupError
-from . import Reading
+from . import Reading, _file
 
 NO_EFFECT = ("compute_environment", "debug", "machine_rank", "main_training_function", "rdzv_backend",
              "same_network", "use_cpu", "gpu_ids", "main_process_ip", "main_process_port", "enable_cpu_affinity",
@@ -37,8 +37,11 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     n = cfg.num_processes if cfg.num_processes and cfg.num_processes > 0 else None
     fsdp = dict(cfg.fsdp_config or {})
     if dist == "DEEPSPEED":
-        raise SetupError(f"{path}: distributed_type DEEPSPEED: pass its DeepSpeed config JSON (deepspeed_config_file) "
-                         "to `trainfit check` beside it")
+        ds = dict(cfg.deepspeed_config or {})
+        if ds.get("deepspeed_config_file"):
+            raise SetupError(f"{path}: distributed_type DEEPSPEED with a deepspeed_config_file: pass that DeepSpeed "
+                             "config JSON to `trainfit check` beside it")
+        return _deepspeed(r, cfg, ds, n)
     if dist not in ("NO", "MULTI_GPU", "FSDP"):
         raise SetupError(f"{path}: distributed_type {dist}: trainfit reads NO, MULTI_GPU and FSDP configs")
     r.set("stack", "hf", "accelerate")
@@ -68,25 +71,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         r.set("recompute", "full", "fsdp_activation_checkpointing")
     if fsdp.get("fsdp_offload_params"):
         r.set("offload", "params", "fsdp_offload_params")
-    raw = cfg.to_dict()
-    for k, v in raw.items():
-        if k in ("distributed_type", "mixed_precision", "num_processes"):
-            continue
-        if k == "parallelism_config" and v and dist == "FSDP":  # `accelerate launch` runs it under FSDP2 when not
-            # empty (commands/launch.py:1261-1262, :1298; utils/launch.py:369-392: the PARALLELISM_CONFIG_* sizes)
-            r.skip(k, v, "memory and time: accelerate's N-d parallelism (dp_replicate × dp_shard × tp × cp); "
-                         "trainfit shards over all num_processes ranks, without TP or CP")
-        elif k in NO_EFFECT:
-            if v not in (None, {}) and k.endswith("_config") and k != "fsdp_config":
-                r.skip(k, v, "read only with its distributed_type")
-            elif k != "fsdp_config":
-                r.skip(k, v, "no effect on a step's memory or time")
-        elif k == "downcast_bf16":
-            r.skip(k, v, "TPU only")
-        elif k == "dynamo_config":
-            r.skip(k, v, "memory and time: torch.compile through accelerate (trainfit's --compile is the stacks')")
-        else:
-            r.unknown.append(k)
+    _top_keys(r, cfg, dist)
     for k, v in fsdp.items():
         if k in ("fsdp_version", "fsdp_reshard_after_forward", "fsdp_sharding_strategy",
                  "fsdp_activation_checkpointing", "fsdp_offload_params"):
@@ -98,6 +83,83 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         else:
             r.unknown.append(f"fsdp_config.{k}")
     return r
+
+
+DS_NO_EFFECT = ("zero3_save_16bit_model", "deepspeed_multinode_launcher", "deepspeed_hostfile",
+                "deepspeed_exclusion_filter", "deepspeed_inclusion_filter", "offload_optimizer_nvme_path",
+                "offload_param_nvme_path")
+
+
+def _deepspeed(r: Reading, cfg, ds: dict, n: int | None) -> Reading:
+    """distributed_type DEEPSPEED with its settings inline (no deepspeed_config_file): the DeepSpeed config accelerate's
+    DeepSpeedPlugin builds from them (utils/dataclasses.py:1131-1218: ZeRO stage 2 unless given, the offload
+    devices, gradient_accumulation_steps and gradient_clipping; set_mixed_precision :1301-1325 turns bf16/fp16 on
+    from mixed_precision), as readers/deepspeed.py reads a DeepSpeed JSON."""
+    from .deepspeed import _precision
+
+    mp = str(getattr(cfg.mixed_precision, "value", cfg.mixed_precision))
+    if mp == "fp8":
+        raise SetupError(f"{_file(r)}: mixed_precision fp8 (Transformer Engine through accelerate) is not modelled; "
+                         "use bf16")
+    r.set("stack", "deepspeed", "distributed_type")
+    r.set("precision", _precision(mp == "bf16", mp == "fp16"), "mixed_precision")
+    if n is not None:
+        r.set("dp", n, "num_processes")
+    r.set("zero", int(ds.get("zero_stage", 2)), "deepspeed_config.zero_stage")
+    opt, par = (str(ds.get(k, "none")).lower() for k in ("offload_optimizer_device", "offload_param_device"))
+    if par != "none" and opt == "none":  # (as readers/deepspeed.py: the optimizer states stay on the GPU)
+        r.skip("deepspeed_config.offload_param_device", par, "less GPU memory: the 16-bit parameter partitions in "
+               "host memory; trainfit's --offload params also moves the optimizer's, so none is modelled here")
+    elif par != "none":
+        r.set("offload", "params", "deepspeed_config.offload_param_device")
+    elif opt != "none":
+        r.set("offload", "optimizer", "deepspeed_config.offload_optimizer_device")
+    if "nvme" in (opt, par):
+        r.skip("offload device", "nvme", "time: trainfit models CPU offload (ZeRO-Infinity to NVMe is slower)")
+    gas, clip = ds.get("gradient_accumulation_steps"), ds.get("gradient_clipping")
+    if isinstance(gas, int) and not isinstance(gas, bool):
+        r.set("grad_accum", gas, "deepspeed_config.gradient_accumulation_steps")
+    if isinstance(clip, (int, float)) and not isinstance(clip, bool):
+        r.set("max_grad_norm", float(clip), "deepspeed_config.gradient_clipping")
+    for k, v in ds.items():
+        if k in ("zero_stage", "offload_optimizer_device", "offload_param_device"):
+            continue
+        if k in ("gradient_accumulation_steps", "gradient_clipping"):
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool)):  # "auto": the script's Accelerator's
+                r.skip(f"deepspeed_config.{k}", v, "memory and time: filled from the training script's Accelerator")
+            continue
+        if k in DS_NO_EFFECT:
+            r.skip(f"deepspeed_config.{k}", v, "no effect on a step's memory or time")
+        elif k == "zero3_init_flag":
+            r.skip(f"deepspeed_config.{k}", v, "no effect on a step's memory or time (the model's construction only)")
+        else:
+            r.unknown.append(f"deepspeed_config.{k}")
+    _top_keys(r, cfg, "DEEPSPEED")
+    return r
+
+
+def _top_keys(r: Reading, cfg, dist: str) -> None:
+    """The config's keys besides distributed_type, mixed_precision, num_processes and the block of `dist`: no effect,
+    read only with another distributed_type, not modelled, or unknown."""
+    own = {"FSDP": "fsdp_config", "DEEPSPEED": "deepspeed_config"}.get(dist)
+    for k, v in cfg.to_dict().items():
+        if k in ("distributed_type", "mixed_precision", "num_processes", own) or (k == "fsdp_config" and not v):
+            continue
+        if k == "parallelism_config" and v and dist == "FSDP":  # `accelerate launch` runs it under FSDP2 when not
+            # empty (commands/launch.py:1261-1262, :1298; utils/launch.py:369-392: the PARALLELISM_CONFIG_* sizes)
+            r.skip(k, v, "memory and time: accelerate's N-d parallelism (dp_replicate × dp_shard × tp × cp); "
+                         "trainfit shards over all num_processes ranks, without TP or CP")
+        elif k in NO_EFFECT:
+            if v not in (None, {}) and k.endswith("_config"):
+                r.skip(k, v, "read only with its distributed_type")
+            else:
+                r.skip(k, v, "no effect on a step's memory or time")
+        elif k == "downcast_bf16":
+            r.skip(k, v, "TPU only")
+        elif k == "dynamo_config":
+            r.skip(k, v, "memory and time: torch.compile through accelerate (trainfit's --compile is the stacks')")
+        else:
+            r.unknown.append(k)
 
 
 def _zero(fsdp: dict) -> int:
