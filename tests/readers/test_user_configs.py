@@ -248,6 +248,31 @@ def test_accelerate_deepspeed_settings_inline_read_as_accelerate_builds_them(tmp
     assert {k: getattr(got, k) for k in keys} == {k: getattr(want, k) for k in keys}
 
 
+def test_what_no_file_holds_is_said_with_the_value_estimated(tmp_path, cli):
+    """TrainingArguments has no sequence length (the dataset's: no field of it names one) and an accelerate config
+    no micro-batch either: check estimated them at trainfit's defaults without a word. Each is noted with the value
+    the estimate took; a torchtitan job, which holds both, gets neither note."""
+    import dataclasses
+    import json
+
+    from transformers import TrainingArguments
+
+    assert not {"max_length", "max_seq_length", "seq_len", "block_size"} & {
+        f.name for f in dataclasses.fields(TrainingArguments)}
+    args = tmp_path / "args.yaml"
+    args.write_text("output_dir: out\nper_device_train_batch_size: 2\nbf16: true\n")
+    code, out, err = cli("check", str(args), "--model", MODEL, "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    notes = [x for x in d["check"]["not_modelled"] if "none of the files holds it" in x]
+    assert notes == [f"sequence length: none of the files holds it (the training script's or dataset's): estimated "
+                     f"at --seq {d['setup']['seq']}, trainfit's default"], notes
+    job = tmp_path / "job.toml"
+    job.write_text(TITAN.format(g=-1, pp=""))
+    code, out, err = cli("check", str(job), "--json")
+    assert code == 0 and not any("none of the files" in x for x in json.loads(out)["check"]["not_modelled"]), err
+
+
 MEGATRON = ("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
             "--seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer ")
 

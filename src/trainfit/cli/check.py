@@ -66,6 +66,14 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
             for c in r.checks:
                 c(spec)
         results = api.run_engines(req, "analytic")
+    if req.mode == "train":  # what no file holds (TrainingArguments and accelerate have no sequence length, an
+        # accelerate config no micro-batch): the estimate's default, said
+        given = {k for r in readings for k in r.values}
+        run = results[0].setup
+        for name, what in (("batch", "micro-batch"), ("seq", "sequence length")):
+            if name not in given:
+                notes.append(f"{what}: none of the files holds it (the training script's or dataset's): estimated "
+                             f"at {flag(name)} {getattr(run, name)}, trainfit's default")
     serving = results[0].detail.serving  # (--mode serve's; None for training)
     for r in readings:  # the engine's flags the estimate sized itself: as it assumed, or not modelled
         r.against(serving.knobs if serving is not None else {})
