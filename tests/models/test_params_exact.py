@@ -124,6 +124,19 @@ def test_hand_derivation_nemotron_h_8b():
     assert (c.mamba, c.total) == (mamba, expected)
 
 
+@pytest.mark.parametrize("stack,weight_bytes", [("hf", 4), ("megatron", 2)])  # amp-bf16's fp32 / bf16-master's bf16
+@pytest.mark.parametrize("name", ["tiny-qwen3-next", "qwen3-next-80b-a3b"])
+def test_one_gpu_holds_every_parameter_of_a_gated_deltanet_model(name, stack, weight_bytes):
+    # One GPU (no tp/pp/ep/ZeRO) holds the whole model: transformers' own numel, Gated DeltaNet layers included
+    # (their mixer outweighs the attention it replaces: 232,379,136 parameters were missing from the 80B's rank)
+    from trainfit.api import estimate
+
+    config, _ = _catalog(CATALOG_DIR / f"{name}.json")
+    est = estimate(name, stack=stack)
+    assert est.params_per_rank == est.params == hf_numel(config)
+    assert est.memory.weights == weight_bytes * hf_numel(config)
+
+
 def test_hand_derivation_llama_2_7b():
     # Hand derivation (not the code under test): 32 layers of 4*4096^2 attention + 3*4096*11008 SwiGLU
     # + 2 RMSNorms, untied 32000-row embedding and lm_head, final RMSNorm.

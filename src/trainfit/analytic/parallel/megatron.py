@@ -78,6 +78,8 @@ def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) ->
     t = setup.tp
     experts = routed_expert_params(spec, pc)
     per_layer = pc.attention + (pc.mlp * pc.dense_layers + (pc.moe_mlp - experts) * pc.moe_layers) / spec.layers
+    # Qwen3-Next's Gated DeltaNet layers (modeling_qwen3_next.py:877-880): their mixer in place of the attention
+    per_layer += pc.linear_layers * (pc.linear_attention - pc.attention) / spec.layers
     row_bias = spec.hidden * ((1 if spec.out_bias else 0) +
                               (pc.dense_layers / spec.layers if spec.mlp_bias else 0))
     dense = stage.layers * (pc.norms + (per_layer - row_bias) / t + row_bias)

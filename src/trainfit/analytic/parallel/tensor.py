@@ -31,6 +31,9 @@ def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) ->
     t = setup.tp
     layer_norms = pc.norms
     layer_rest = pc.attention + (pc.mlp * pc.dense_layers + pc.moe_mlp * pc.moe_layers) / spec.layers
+    # Qwen3-Next: a Gated DeltaNet in place of the attention of its linear_attention layers (Qwen3NextDecoderLayer,
+    # modeling_qwen3_next.py:877-880), as count_params' total counts them
+    layer_rest += pc.linear_layers * (pc.linear_attention - pc.attention) / spec.layers
     if spec.hybrid is not None:
         # Mamba-2, attention and MLP blocks (ParamCounts holds one block of each kind): their mean per block
         # NB: a pipeline stage is taken to hold the mean block (stages of a pattern differ by their mix of kinds)
