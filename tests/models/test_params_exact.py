@@ -137,6 +137,18 @@ def test_one_gpu_holds_every_parameter_of_a_gated_deltanet_model(name, stack, we
     assert est.memory.weights == weight_bytes * hf_numel(config)
 
 
+@pytest.mark.parametrize("name", ["tiny-nemotron-h", "nemotron-h-8b"])
+def test_megatron_rank_holds_every_parameter_of_a_hybrid_model(name):
+    # One GPU under --stack megatron (bf16-master: bf16 weights) holds the whole Mamba-2/attention/MLP stack:
+    # transformers' own numel (nemotron-h-8b's rank had counted every block as attention + MLP: 12.4B of 8.1B)
+    from trainfit.api import estimate
+
+    config, _ = _catalog(CATALOG_DIR / f"{name}.json")
+    est = estimate(name, stack="megatron")
+    assert est.params_per_rank == est.params == hf_numel(config)
+    assert est.memory.weights == 2 * hf_numel(config)
+
+
 def test_hand_derivation_llama_2_7b():
     # Hand derivation (not the code under test): 32 layers of 4*4096^2 attention + 3*4096*11008 SwiGLU
     # + 2 RMSNorms, untied 32000-row embedding and lm_head, final RMSNorm.

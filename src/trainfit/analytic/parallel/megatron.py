@@ -26,7 +26,7 @@ from dataclasses import replace
 from ...setup import Setup
 from ...spec import ModelSpec
 from ..compute_time import tensors_per_rank
-from ..params import ParamCounts
+from ..params import ParamCounts, hybrid_layers_params
 from .expert import routed_expert_params
 from .pipeline import Stage
 from .zero import ModelStates
@@ -80,6 +80,11 @@ def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) ->
     per_layer = pc.attention + (pc.mlp * pc.dense_layers + (pc.moe_mlp - experts) * pc.moe_layers) / spec.layers
     # Qwen3-Next's Gated DeltaNet layers (modeling_qwen3_next.py:877-880): their mixer in place of the attention
     per_layer += pc.linear_layers * (pc.linear_attention - pc.attention) / spec.layers
+    if spec.hybrid is not None:
+        # Nemotron-H: one mixer (Mamba-2, attention or MLP) and one norm per block (NemotronHBlock,
+        # modeling_nemotron_h.py:934), ParamCounts holding one block of each kind: their mean per block, as
+        # tensor.rank_params takes it (it had been attention + MLP + norms in every block)
+        per_layer = (hybrid_layers_params(spec, pc.attention, pc.mlp, pc.norms) - spec.layers * pc.norms) / spec.layers
     row_bias = spec.hidden * ((1 if spec.out_bias else 0) +
                               (pc.dense_layers / spec.layers if spec.mlp_bias else 0))
     dense = stage.layers * (pc.norms + (per_layer - row_bias) / t + row_bias)
