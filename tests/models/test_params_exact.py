@@ -149,6 +149,18 @@ def test_megatron_rank_holds_every_parameter_of_a_hybrid_model(name):
     assert est.memory.weights == 2 * hf_numel(config)
 
 
+@pytest.mark.parametrize("name", ["qwen2.5-vl-3b", "qwen3-vl-2b", "gemma-3-4b", "llama-3.2-11b-vision"])
+def test_megatron_rank_holds_a_vlms_image_encoder(name):
+    # One GPU under --stack megatron holds the whole vision-language model, tower included: transformers' own numel
+    # of *ForConditionalGeneration (qwen2.5-vl-3b's rank had 3,085,938,688 of 3,754,622,976: no tower)
+    from trainfit.api import estimate
+
+    config, _ = _catalog(CATALOG_DIR / f"{name}.json")
+    est = estimate(name, stack="megatron")
+    assert est.params_per_rank == est.params == hf_numel(config)
+    assert est.memory.weights == 2 * hf_numel(config)
+
+
 def test_hand_derivation_llama_2_7b():
     # Hand derivation (not the code under test): 32 layers of 4*4096^2 attention + 3*4096*11008 SwiGLU
     # + 2 RMSNorms, untied 32000-row embedding and lm_head, final RMSNorm.

@@ -92,6 +92,10 @@ def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) ->
     word = min(pc.embedding, spec.vocab * spec.hidden)
     if stage.embedding:
         dense += word / t + (pc.embedding - word)
+        # a VLM's image encoder (and Mllama's cross-attention norms and gates), on the first stage and not split by
+        # TP, as tensor.rank_params holds it: Megatron-based VLM recipes run the transformers tower beside the
+        # GPTModel (Megatron-Bridge's Qwen2.5-VL provider, ms-swift megatron/model/qwen2_5_vl/vit.py `model.visual`)
+        dense += pc.vision + pc.cross_extras
     if stage.head:
         dense += pc.final + pc.lm_head / t
         if spec.tied_embeddings and not stage.embedding:
