@@ -83,3 +83,23 @@ def test_mtp_stage_params_and_time():
     assert with_mtp[0] - without[0] == pytest.approx(expected, rel=1e-3)
     # its routed experts: 256 x 3 x 7168 x 2048 over ep 8 x etp 1
     assert with_mtp[1] - without[1] == pytest.approx(256 * 3 * 7168 * 2048 / 8, rel=1e-6)
+
+
+def test_mtp_layers_count_in_the_step_flops():
+    """Each MTP layer adds, per token, its forward and backward (3x): eh_proj (2h x h), one MoE layer with its top-8
+    routed experts, the shared expert and the router, the output layer once more and the attention core at the
+    sequence's causal mean; Megatron's own count has the eh_proj and the logits' (mtp_num_layers + 1) terms
+    (megatron/training/training.py num_floating_point_operations). Hand-counted from DeepSeek-V3's config."""
+    from trainfit.api import estimate
+
+    seq = 2048
+    kw = dict(stack="megatron", precision="bf16-master", seq=seq, ep=8, dp=8, zero=1)
+    per_token = [estimate("deepseek-v3", mtp_layers=n, **kw).flops.per_token for n in (0, 1, 2)]
+    h, v, expert = 7168, 129280, 3 * 7168 * 2048
+    mla = 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168
+    matmuls = 2 * h * h + mla + 8 * expert + 256 * h + expert + v * h
+    core = 2 * (128 * 192 + 128 * 128) * (seq + 1) / 2  # q·kᵀ over the 192-wide heads, probs·v over the 128-wide
+    layer = 3 * (2 * matmuls + core)
+    # (rel 1e-5: the attention's q_a / kv_a RMSNorm weights, 2,048, ride with its matmuls as in the decoder layers)
+    assert per_token[1] - per_token[0] == pytest.approx(layer, rel=1e-5)
+    assert per_token[2] - per_token[0] == pytest.approx(2 * layer, rel=1e-5)

@@ -58,14 +58,39 @@ def matmul_params_per_token(spec: ModelSpec, pc: ParamCounts, seq: int = 1) -> f
     return n + head_matmul_per_token(spec, seq)
 
 
-def attention_flops_per_token(spec: ModelSpec, seq: int) -> float:
-    """q·kᵀ and probs·v: 2·2·q_dim FLOPs per key, per layer (Kaplan et al. 2020, Table 1); MLA (DeepSeek): q·kᵀ over
-    the qk head width, probs·v over v_head_dim, 2·(q_dim + heads·v_head_dim)."""
+def attention_core_per_layer(spec: ModelSpec, seq: int) -> float:
+    """One softmax-attention layer's q·kᵀ and probs·v per token: 2·2·q_dim FLOPs per key (Kaplan et al. 2020,
+    Table 1); MLA (DeepSeek): q·kᵀ over the qk head width, probs·v over v_head_dim, 2·(q_dim + heads·v_head_dim)."""
     keys = (seq + 1) / 2 if spec.causal else seq
     width = 2 * spec.q_dim if spec.mla is None else spec.q_dim + spec.heads * spec.mla.v_head_dim
+    return 2 * width * keys
+
+
+def attention_flops_per_token(spec: ModelSpec, seq: int) -> float:
+    """Every softmax-attention layer's core (attention_core_per_layer) and the Gated DeltaNet layers' rule."""
     linear = gated_deltanet.linear_layers(spec)
     rule = linear * gated_deltanet.rule_flops_per_token(spec, seq) if linear else 0.0
-    return gated_deltanet.attention_layers(spec) * 2 * width * keys + rule
+    return gated_deltanet.attention_layers(spec) * attention_core_per_layer(spec, seq) + rule
+
+
+def mtp_forward_per_token(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
+    """The forward FLOPs per token of the MTP layers the stack trains (analytic/mtp.py; 0 without them): each its
+    eh_proj (2h -> h), one decoder layer of the model's MoE kind (its dense one for a dense model) with the routed
+    top_k, and the shared output layer once more, as Megatron counts them (megatron/training/training.py
+    num_floating_point_operations: the 'MTP norms and proj' term and the logits' (mtp_num_layers + 1))."""
+    from .mtp import mtp_layers  # (mtp imports parallel/, whose modules import this one)
+
+    n = mtp_layers(spec, setup)
+    if not n:
+        return 0.0
+    h = spec.hidden
+    mlp = pc.mlp
+    if spec.moe is not None and pc.moe_layers:
+        m = spec.moe
+        shared = pc.moe_mlp - m.num_experts * pc.expert - m.num_experts * h
+        mlp = m.top_k * pc.expert + m.num_experts * h + shared
+    matmuls = 2 * h * h + pc.attention + mlp + head_matmul_per_token(spec, setup.seq)
+    return n * (2 * matmuls + attention_core_per_layer(spec, setup.seq))
 
 
 def forward_per_token(spec: ModelSpec, seq: int, pc: ParamCounts | None = None) -> float:
@@ -154,6 +179,9 @@ def step_flops(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> 
     if setup.recompute == "full":
         recompute += tower
     backward = 2 * (fwd + tower) - vlm.patch_embed_flops(spec, setup) * setup.grad_accum
+    # the MTP layers (outside the decoder layers' recompute: NB not re-run under --recompute full)
+    mtp = mtp_forward_per_token(spec, setup, pc)
+    fwd, backward, fpt = fwd + mtp * tokens, backward + 2 * mtp * tokens, fpt + mtp
     return StepFlops(fwd + tower, backward, recompute, 3 * fpt, fpt)
 
 
