@@ -360,6 +360,9 @@ class ModelSpec:
     # a vision-language model's image encoder (None: a text model); the other fields describe its language model
     vision: VisionTowerSpec | None = None
     draft_vocab: int = 0  # an EAGLE-3 draft's own head rows (draft_vocab_size; 0: the vocabulary)
+    # the checkpoint's own weight format, where its config's quantization_config names one a serving engine loads
+    # as stored and trainfit models (vocab.SERVE_QUANTS: awq, gptq, fp8); None: 16-bit (or a format not modelled)
+    checkpoint_quant: str | None = None
     source: str = ""  # where the config came from (catalog file, path, hub id)
     # the raw HF config, for the engines that build the transformers model from it (trace, measure); not compared
     config: dict = field(default_factory=dict, compare=False, repr=False)

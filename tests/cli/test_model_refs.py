@@ -178,3 +178,24 @@ def config_weights(cli, server) -> int:
                          "--json")
     assert code == 0, err
     return json.loads(out)["memory"]["weights"]
+
+
+@pytest.mark.parametrize("quant_config,loaded", [(AWQ, "awq"), (GPTQ, "gptq"), ({"quant_method": "fp8"}, "fp8"),
+                                                  ({"quant_method": "compressed-tensors"}, None)])
+def test_estimate_serves_a_quantised_checkpoint_as_stored(cli, model_dir, quant_config, loaded):
+    """`trainfit estimate <AWQ checkpoint> --mode serve` sized 16-bit weights, where the engine loads the checkpoint's
+    own format without --quantization (vLLM ModelConfig._verify_quantization reads its quantization_config; SGLang
+    alike): the estimate is now `estimate MODEL --quant <its quant_method>`'s; a format trainfit does not model
+    (compressed-tensors) stays at the 16-bit weights."""
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps(dict(config, quantization_config=quant_config)))
+    code, out, err = cli("estimate", "my model", "--mode", "serve", "--gpu", "H100-80GB", "--json")
+    assert code == 0, err
+    weights = json.loads(out)["memory"]["weights"]
+    if loaded is None:
+        assert weights == config_weights(cli, "vllm")
+        return
+    code, est, err = cli("estimate", "llama-3.2-1b", "--mode", "serve", "--quant", loaded, "--gpu", "H100-80GB",
+                         "--json")
+    assert code == 0, err
+    assert weights == json.loads(est)["memory"]["weights"] < config_weights(cli, "vllm")

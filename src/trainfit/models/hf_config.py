@@ -1131,10 +1131,20 @@ def spec_from_config(config: dict, name: str, source: str = "", head: str | None
     if chosen in heads.CLASSIFIERS:
         fields.update(tied_embeddings=False, mlm_transform=False, lm_head_bias=False)
     spec = ModelSpec(name=name, family=mt, source=source, config=raw, head=chosen,
-                     num_labels=heads.config_labels(raw, name), **fields)
+                     num_labels=heads.config_labels(raw, name), checkpoint_quant=_checkpoint_quant(raw), **fields)
     if spec.moe is not None and spec.moe.num_experts < 1:
         raise ConfigError(f"{name}: an MoE model needs num_experts >= 1")
     return spec
+
+
+def _checkpoint_quant(raw: dict) -> str | None:
+    """The checkpoint's quantization_config.quant_method where it is a serving format trainfit models (awq, gptq,
+    fp8: vLLM ModelConfig._verify_quantization loads the weights so without --quantization; SGLang alike), else None.
+    NB: another method (compressed-tensors, bitsandbytes, ...) is sized at the 16-bit weights: over."""
+    from ..setup.vocab import SERVE_QUANTS  # noqa: PLC0415 (setup imports the models' resolver)
+
+    method = str((raw.get("quantization_config") or {}).get("quant_method", "")).lower()
+    return method if method in SERVE_QUANTS else None
 
 
 def with_head(spec: ModelSpec, head: str) -> ModelSpec:

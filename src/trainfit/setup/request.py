@@ -32,6 +32,9 @@ def _setup_of(self, spec=None) -> Setup:
         values["precision"] = (_stacks.get_stack(stack).facts["precision"].get("default", "amp-bf16")
                                if mode in TRAINING else serve_dtype(spec) if mode == "serve" else
                                _precision.DEFAULT.get(mode, "bf16"))
+    if mode == "serve" and values["quant"] is None and spec is not None and \
+            getattr(spec, "checkpoint_quant", None):  # the engine loads a quantised checkpoint as stored
+        values["quant"] = spec.checkpoint_quant
     if values["seq"] is None and not _is_vision(spec):  # (serving sizes by --max-model-len, rl by its prompts and
         # completions: not --seq)
         values["seq"] = DEFAULT_SEQ if mode in ("serve", "rl") else default_seq(spec, mode)
