@@ -7,6 +7,7 @@ import pytest
 from trainfit.api import load_spec
 from trainfit.cli.check import request_of
 from trainfit.readers import read
+from trainfit.errors import SetupError
 from trainfit.setup import Request
 
 MODEL = "llama-3.1-8b"
@@ -525,3 +526,27 @@ def test_megatron_expert_capacity_factor_is_read(tmp_path, ep, factor, want):
                                moe_expert_capacity_factor=float(factor))
         assert tc.moe_expert_capacity_factor is None
         assert "--moe-expert-capacity-factor" in readings[0].no_effect
+
+
+@pytest.mark.parametrize("flags,want", [("", "adamw"), ("--optimizer adam", "adamw"), ("--optimizer sgd", "momentum"),
+                                        ("--optimizer sgd --sgd-momentum 0.95", "momentum"),
+                                        ("--optimizer sgd --sgd-momentum 0", "sgd")])
+def test_megatron_optimizer_is_read(tmp_path, flags, want):
+    """--optimizer sgd was listed as unknown and estimated as Adam (two fp32 states per parameter, where torch's SGD
+    keeps one momentum buffer, or none at momentum 0). megatron-core builds SGD with momentum sgd_momentum, 0.9 by
+    default (optimizer/__init__.py:401-407): trainfit's momentum, and sgd at momentum 0."""
+    from megatron.core.optimizer import OptimizerConfig
+
+    assert OptimizerConfig(optimizer="sgd").sgd_momentum > 0  # (the default momentum: one state per parameter)
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON + flags + "\n")
+    s, readings = _setup([sh])
+    assert s.optimizer == want
+    assert not {"--optimizer", "--sgd-momentum"} & set(readings[0].unknown)
+
+
+def test_megatron_optimizer_it_does_not_build_is_refused(tmp_path):
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON + "--optimizer lamb\n")
+    with pytest.raises(SetupError, match="adam or sgd"):
+        _setup([sh])

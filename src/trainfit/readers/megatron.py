@@ -85,6 +85,9 @@ def parser() -> argparse.ArgumentParser:
     # TransformerConfig.moe_expert_capacity_factor (megatron-core 0.16.1 transformer_config.py:690, Optional[float]),
     # a flag through arguments.py:1621 ArgumentGroupFactory(TransformerConfig)
     p.add_argument("--moe-expert-capacity-factor", type=float)
+    # OptimizerConfig.optimizer ('adam', megatron-core 0.16.1 optimizer_config.py:209) and sgd_momentum (0.9, :255)
+    p.add_argument("--optimizer")
+    p.add_argument("--sgd-momentum", type=float)
     return p
 
 
@@ -109,6 +112,23 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     return r
 
 
+def _optimizer(a, r: Reading) -> None:
+    """--optimizer sgd: megatron-core builds SGD (TE's or apex's FusedSGD, else torch's: optimizer/__init__.py:14-31,
+    as [optimizer_impl] fused has it) with momentum sgd_momentum (:401-407;
+    default 0.9, optimizer_config.py:255): trainfit's momentum (one state per parameter), or sgd at momentum 0.
+    adam (the default) is what trainfit estimates; another name megatron-core refuses (:409-410)."""
+    if a.optimizer in (None, "adam"):
+        if a.sgd_momentum is not None:
+            r.skip("--sgd-momentum", a.sgd_momentum, "no effect: read by --optimizer sgd only")
+        return
+    if a.optimizer != "sgd":
+        raise SetupError(f"--optimizer {a.optimizer}: megatron-core 0.16.1 builds adam or sgd (optimizer/__init__.py"
+                         ":409-410 'optimizer is not supported'); use one of those")
+    momentum = 0.9 if a.sgd_momentum is None else a.sgd_momentum
+    r.set("optimizer", "momentum" if momentum else "sgd", "--optimizer sgd" + (
+        f" --sgd-momentum {a.sgd_momentum:g}" if a.sgd_momentum is not None else ""))
+
+
 def _settings(a, r: Reading, world: int | None) -> None:
     r.set("stack", "megatron", "pretrain_gpt.py")
     if a.tokenizer_type == "HuggingFaceTokenizer" and a.tokenizer_model:  # the hub id the tokenizer comes from
@@ -123,6 +143,7 @@ def _settings(a, r: Reading, world: int | None) -> None:
             r.set(name, v, flag)
     if world is not None:  # Megatron's data-parallel size: world / (tp × pp × cp) (parallel_state.py)
         r.set("dp", world // (tp * pp * cp), "torchrun --nproc-per-node × --nnodes")
+    _optimizer(a, r)
     if a.global_batch_size is not None:  # global = micro × accumulation × dp (arguments.py)
         r.global_batch = a.global_batch_size
     if a.sequence_parallel and tp > 1:  # arguments.py:907-913: off at tp 1
