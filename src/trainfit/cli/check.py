@@ -50,11 +50,11 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
         if req.mode == "serve":  # (the engine refuses to start: as --emit refuses to write it)
             from dataclasses import replace
 
-            from ..plan.emit_vllm import PREQUANTISED, checkpoint_quant, unloadable
+            from ..plan.emit_vllm import unloadable
 
-            method = checkpoint_quant(req.model) if req.quant is None else None
-            if method in PREQUANTISED + ("fp8",):  # the engine takes the checkpoint's own (vLLM ModelConfig.
-                # _verify_quantization: quant_cfg = the config's quantization_config; SGLang alike)
+            method = spec.checkpoint_quant if req.quant is None else None
+            if method:  # the engine takes the checkpoint's own, as the estimate does (setup/request.py): said, and
+                # set on the request so that the 'as trainfit' line and the load check read it
                 req = replace(req, quant=method)
                 notes.append(f"quantization_config.quant_method {method!r} of {req.model}'s config.json: the engine "
                              f"loads its weights so (as --quant {method})")

@@ -1137,13 +1137,18 @@ def spec_from_config(config: dict, name: str, source: str = "", head: str | None
     return spec
 
 
+def quant_method(raw: dict) -> str | None:
+    """A config's quantization_config.quant_method, lower case; None for a 16-bit checkpoint."""
+    return str((raw.get("quantization_config") or {}).get("quant_method", "")).lower() or None
+
+
 def _checkpoint_quant(raw: dict) -> str | None:
-    """The checkpoint's quantization_config.quant_method where it is a serving format trainfit models (awq, gptq,
-    fp8: vLLM ModelConfig._verify_quantization loads the weights so without --quantization; SGLang alike), else None.
+    """The checkpoint's quant_method where it is a serving format trainfit models (awq, gptq, fp8: vLLM
+    ModelConfig._verify_quantization loads the weights so without --quantization; SGLang alike), else None.
     NB: another method (compressed-tensors, bitsandbytes, ...) is sized at the 16-bit weights: over."""
     from ..setup.vocab import SERVE_QUANTS  # noqa: PLC0415 (setup imports the models' resolver)
 
-    method = str((raw.get("quantization_config") or {}).get("quant_method", "")).lower()
+    method = quant_method(raw)
     return method if method in SERVE_QUANTS else None
 
 

@@ -11,6 +11,7 @@ import shlex
 
 from ..errors import SetupError
 from ..estimate import Serving
+from ..models.hf_config import quant_method
 from ..models.resolve import locate, serving_ref
 from ..setup import Setup
 
@@ -41,7 +42,7 @@ def checkpoint_quant(model: str) -> str | None:
     if found.path is None:
         return None
     with open(found.path, encoding="utf-8") as f:
-        return str((json.load(f).get("quantization_config") or {}).get("quant_method", "")).lower() or None
+        return quant_method(json.load(f))
 
 
 def unloadable(model: str, quant: str | None) -> str | None:

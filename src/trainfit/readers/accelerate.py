@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading, _file
+from .deepspeed import read_offload
 
 NO_EFFECT = ("compute_environment", "debug", "machine_rank", "main_training_function", "rdzv_backend",
              "same_network", "use_cpu", "gpu_ids", "main_process_ip", "main_process_port", "enable_cpu_affinity",
@@ -107,15 +108,7 @@ def _deepspeed(r: Reading, cfg, ds: dict, n: int | None) -> Reading:
         r.set("dp", n, "num_processes")
     r.set("zero", int(ds.get("zero_stage", 2)), "deepspeed_config.zero_stage")
     opt, par = (str(ds.get(k, "none")).lower() for k in ("offload_optimizer_device", "offload_param_device"))
-    if par != "none" and opt == "none":  # (as readers/deepspeed.py: the optimizer states stay on the GPU)
-        r.skip("deepspeed_config.offload_param_device", par, "less GPU memory: the 16-bit parameter partitions in "
-               "host memory; trainfit's --offload params also moves the optimizer's, so none is modelled here")
-    elif par != "none":
-        r.set("offload", "params", "deepspeed_config.offload_param_device")
-    elif opt != "none":
-        r.set("offload", "optimizer", "deepspeed_config.offload_optimizer_device")
-    if "nvme" in (opt, par):
-        r.skip("offload device", "nvme", "time: trainfit models CPU offload (ZeRO-Infinity to NVMe is slower)")
+    read_offload(r, opt, par, "deepspeed_config.offload_optimizer_device", "deepspeed_config.offload_param_device")
     gas, clip = ds.get("gradient_accumulation_steps"), ds.get("gradient_clipping")
     if isinstance(gas, int) and not isinstance(gas, bool):
         r.set("grad_accum", gas, "deepspeed_config.gradient_accumulation_steps")

@@ -42,6 +42,22 @@ ZERO_EFFECT = {"reduce_scatter": "time", "allgather_partitions": "time: one all-
                "less time: ZeRO++ hpZ", "memory_efficient_linear": "memory"}
 
 
+def read_offload(r: Reading, opt: str, par: str, opt_key: str, par_key: str) -> None:
+    """ZeRO's offload devices (`opt`, `par`: "none", "cpu" or "nvme"), read from the file's keys `opt_key` and
+    `par_key` (a DeepSpeed config's, or accelerate's inline deepspeed_config): --offload params needs both
+    (stage3.py:824-831: two switches; with the parameters alone the optimizer states stay on the GPU), --offload
+    optimizer the optimizer's alone."""
+    if par != "none" and opt == "none":
+        r.skip(par_key, par, "less GPU memory: the 16-bit parameter partitions in host memory; trainfit's --offload "
+               "params also moves the optimizer's (ZeRO-Infinity with offload_optimizer), so none is modelled here")
+    elif par != "none":
+        r.set("offload", "params", par_key)
+    elif opt != "none":
+        r.set("offload", "optimizer", opt_key)
+    if "nvme" in (opt, par):
+        r.skip("offload device", "nvme", "time: trainfit models CPU offload (ZeRO-Infinity to NVMe is slower)")
+
+
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
     try:
         raw = json.loads(text)
@@ -274,16 +290,7 @@ def _settings(cfg, raw: dict, r: Reading, auto: list) -> None:
     opt = getattr(z.offload_optimizer, "device", None) if z.offload_optimizer else None
     par = getattr(z.offload_param, "device", None) if z.offload_param else None
     opt, par = (str(getattr(x, "value", x)) if x is not None else "none" for x in (opt, par))
-    if par != "none" and opt == "none":  # the optimizer states stay on the GPU (stage3.py:824-831: two switches)
-        r.skip("zero_optimization.offload_param", par, "less GPU memory: the 16-bit parameter partitions in host "
-               "memory; trainfit's --offload params also moves the optimizer's (ZeRO-Infinity with "
-               "offload_optimizer), so none is modelled here")
-    elif par != "none":
-        r.set("offload", "params", "zero_optimization.offload_param")
-    elif opt != "none":
-        r.set("offload", "optimizer", "zero_optimization.offload_optimizer")
-    if "nvme" in (opt, par):
-        r.skip("offload device", "nvme", "time: trainfit models CPU offload (ZeRO-Infinity to NVMe is slower)")
+    read_offload(r, opt, par, "zero_optimization.offload_optimizer", "zero_optimization.offload_param")
     if "activation_checkpointing" in raw:  # DeepSpeed's checkpointing API (the model must call it: HF
         # gradient_checkpointing=True): every layer recomputed, as the writer emits it
         r.set("recompute", "full", "activation_checkpointing")
