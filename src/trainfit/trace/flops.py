@@ -12,6 +12,10 @@ The registry also has no entry for the grouped GEMM (`aten._grouped_mm`, `aten._
 2.13's flop_counter.py) that transformers 5.24 runs MoE experts through (integrations/moe.py:379-381,
 called from `grouped_mm_experts_forward`), so we add `GROUPED_MM_FLOPS` below, in the form FlopCounterMode's
 `custom_mapping` takes (shape formulas keyed by op packet); without it every MoE family's experts counted zero.
+And torch 2.13's convolution backward formula counts a grouped convolution's weight gradient as if it were one group
+(flop_counter.py conv_backward_flop: conv_flop_count(t(x_shape), t(grad_out_shape), ...) reads all input channels
+against all output channels), `groups` times too many: a depthwise convolution's (ConvNeXt's 7x7, groups = channels)
+by its channel count, 3.8x ConvNeXt-tiny's whole backward. CONV_BACKWARD_FLOPS below replaces it.
 
 Split: ops in a "forward" phase are forward; ops in "backward" while a module's forward is running
 are recomputation (checkpointing re-enters module forwards during backward); the rest of backward is
@@ -71,8 +75,19 @@ def scaled_grouped_mm_flop(a_shape, b_shape, scale_a=None, scale_b=None, offs=No
     return grouped_mm_flop(a_shape, b_shape, offs)
 
 
+def conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                       _output_padding, _groups, output_mask, out_shape=None, **kwargs) -> int:
+    """The input gradient and the weight gradient each make the forward's products once, reordered (each product
+    x·w of the forward appears once in d(input) = sum grad_out·w and once in d(weight) = sum grad_out·x), so each
+    costs the forward's count, which conv_flop_count takes with groups through the weight's shape (c_out, c_in /
+    groups, k...): torch's own formula for d(input), and for d(weight) the count torch's over-reads by `groups`."""
+    forward = fc.conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed)
+    return forward * (bool(output_mask[0]) + bool(output_mask[1]))
+
+
 # FlopCounterMode(custom_mapping=GROUPED_MM_FLOPS) counts the same on a real step.
 GROUPED_MM_FLOPS = {aten._grouped_mm: grouped_mm_flop, aten._scaled_grouped_mm: scaled_grouped_mm_flop}
+CONV_BACKWARD_FLOPS = {aten.convolution_backward: conv_backward_flop}
 
 
 # SDPA kernels whose arguments begin (query, key, value) forward and (grad_out, query, key, value) backward
@@ -88,7 +103,8 @@ class FlopCounter:
         self.by_phase: dict[str, int] = defaultdict(int)
         reg = {}
         mapped = {**fc.flop_registry, **{p: fc.shape_wrapper(f) for p, f in GROUPED_MM_FLOPS.items()
-                                         if p not in fc.flop_registry}}  # a later torch's own formula wins
+                                         if p not in fc.flop_registry},  # a later torch's own formula wins
+                  **{p: fc.shape_wrapper(f) for p, f in CONV_BACKWARD_FLOPS.items()}}
         for packet, fn in mapped.items():
             if isinstance(packet, torch._ops.OpOverloadPacket):
                 for name in packet.overloads():

@@ -18,6 +18,6 @@ def trace_vision(spec: VisionSpec, setup: Setup) -> Estimate:
 
     check(spec, setup)
     model, example = build(spec, setup)
-    est = trace(model, example, setup, flops=False)
+    est = trace(model, example, setup, flops=True)
     return dataclasses.replace(est, model=spec.name, detail=dataclasses.replace(
         est.detail, image_size=setup.image_size or spec.image_size))
