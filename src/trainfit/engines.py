@@ -176,7 +176,7 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
     if setup.dp > 1:
         from .trace.distributed import trace_distributed  # one rank of the sharded step, fake process group
 
-        return trace_distributed(spec, setup, alloc_conf=alloc_conf)
+        return trace_distributed(spec, setup, flops=flops, alloc_conf=alloc_conf)
     return trace_spec(spec, setup, extrapolate=extrapolate, flops=flops, alloc_conf=alloc_conf)
 
 
