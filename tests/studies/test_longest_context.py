@@ -50,9 +50,14 @@ def test_ulysses_lengthens_the_context_with_more_gpus():
         assert _fits(spec, x.setup, gpu) and not _fits(spec, x.setup.with_(seq=x.seq + x.setup.ulysses), gpu), x.flags
 
 
-def test_nothing_fits_answers_zero():
+def test_nothing_fits_answers_zero_and_how_far_the_shortest_length_is():
+    """The none-fits row says what one token's step needs against the capacity (its JSON had required 0, capacity
+    0 and step 0.0 there: read as measured zeros); no step time."""
     spec, gpu = load_model("llama-3.1-8b"), api.load_gpu("A100-80GB", memory=4)
-    assert longest_context(spec, Setup(**QLORA), gpu)[0].seq == 0
+    row = longest_context(spec, Setup(**QLORA), gpu)[0]
+    assert row.seq == 0 and row.step_seconds is None and row.judged_seq == 1
+    e = analytic(spec, Setup(**QLORA).with_(seq=1), gpu)
+    assert (row.required, row.capacity) == (e.fit.required, e.fit.capacity) and row.required > row.capacity
 
 
 def test_cli_json_names_the_technique_that_extends_it_most(capsys):

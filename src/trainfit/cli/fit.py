@@ -108,8 +108,9 @@ def longest(req, spec, setup, gpu, json: bool) -> None:
     for col in ("change", "longest --seq", "needs / capacity", "GPUs"):
         t.add_column(col, justify="left" if col == "change" else "right", overflow="fold")
     for r in rows:
-        t.add_row(r["flags"] or "(as given)", f"{r['seq']:,}" if r["seq"] else "none fits",
-                  f"{r['required'] / GIB:.1f} / {r['capacity'] / GIB:.1f} GiB" if r["seq"] else "-", str(r["gpus"]))
+        needs = "-" if r["required"] is None else f"{r['required'] / GIB:.1f} / {r['capacity'] / GIB:.1f} GiB" + (
+            "" if r["seq"] else f" at --seq {r['judged_seq']:,}")
+        t.add_row(r["flags"] or "(as given)", f"{r['seq']:,}" if r["seq"] else "none fits", needs, str(r["gpus"]))
     stdout_console().print(t)
     best = rows[1] if len(rows) > 1 else rows[0]
     if len(rows) > 1:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..analytic.unmodelled import check_modelled
+from ..errors import TrainfitError
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -31,15 +32,19 @@ class Longest:
     flags: str  # the CLI flags of the technique ("" for the setup as given)
     why: str
     seq: int  # the longest sequence that fits; 0 when not even one token does
-    required: int  # what the step needs from the allocator at that length (0 when none fits)
-    capacity: int
-    step_seconds: float
+    # what the step needs from the allocator at `judged_seq` (the longest that fits, else the shortest that runs:
+    # how far it is from fitting) and the capacity it is judged on; None where no length runs at all
+    required: int | None
+    capacity: int | None
+    step_seconds: float | None  # at the longest that fits; None when none fits
     gpus: int
     setup: Setup = field(repr=False, compare=False)
+    judged_seq: int | None = None
 
     def as_dict(self) -> dict:
         return {"flags": self.flags, "why": self.why, "seq": self.seq, "required": self.required,
-                "capacity": self.capacity, "step_seconds": self.step_seconds, "gpus": self.gpus}
+                "capacity": self.capacity, "judged_seq": self.judged_seq, "step_seconds": self.step_seconds,
+                "gpus": self.gpus}
 
 
 def longest_seq(judge: _Judge, **changes) -> int:
@@ -89,9 +94,16 @@ def longest_context(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.
 
 def _answer(j: _Judge, setup: Setup, flags: str, why: str, changes: dict) -> Longest:
     q = longest_seq(j, **changes)
-    if not q:
-        return Longest(flags, why, 0, 0, 0, 0.0, setup.world_size, setup)
+    if not q:  # the shortest length that runs, judged: what it needs against the capacity
+        for g in (1 << k for k in range(GRANULES)):
+            try:
+                e = j.estimate(setup.with_(seq=g, **changes))
+            except TrainfitError:  # (a length the settings refuse: a sequence split over --cp N ranks)
+                continue
+            if e is not None:
+                return Longest(flags, why, 0, *judged_bytes(e), None, e.setup.world_size, setup, g)
+        return Longest(flags, why, 0, None, None, None, setup.world_size, setup)
     s = setup.with_(seq=q, **changes)
     e = j.estimate(s)
     required, capacity = judged_bytes(e)
-    return Longest(flags, why, q, required, capacity, e.time.step_seconds, s.world_size, s)
+    return Longest(flags, why, q, required, capacity, e.time.step_seconds, s.world_size, s, q)
