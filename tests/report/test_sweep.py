@@ -210,3 +210,14 @@ def test_a_gpus_sweep_is_refused_where_a_point_runs_more_gpus():
     e = api.analytic(dataclasses.replace(req, dp=16))
     assert [r["peak"] for r in s.rows if r["value"] == 16] == [e.memory.peak]
     run_sweep(api.Request("llama-3.1-70b", zero=3, gpu="H100-80GB"), "gpus", "8,16")  # (dp alone: GPUs = dp)
+
+
+def test_a_variant_list_is_its_values_each_once():
+    """'bf16,,' is one precision, fixed (its caption said 'precision bf16,,'); 'bf16,bf16,fp32' is two variants
+    (it drew bf16 twice); a list of no value is refused in one line (it raised IndexError)."""
+    req = api.Request("llama-3.2-1b")
+    one = run_sweep(req, "batch", "1,2", {"precision": "bf16,,"})
+    assert one.variants == [""] and "precision bf16," in one.caption and "bf16,," not in one.caption
+    assert run_sweep(req, "batch", "1,2", {"precision": "bf16,bf16,fp32"}).variants == ["bf16", "fp32"]
+    with pytest.raises(SetupError, match="names no value"):
+        run_sweep(req, "batch", "1,2", {"precision": ",,"})

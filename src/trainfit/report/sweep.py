@@ -84,7 +84,8 @@ def _unique(values: list) -> list:
 
 
 def split_list(text: str | None) -> list[str]:
-    return [v.strip() for v in text.split(",") if v.strip()] if text else []
+    """A comma list's values, each once, in order ('bf16,,' is bf16; 'none,full,none' is none, full)."""
+    return _unique([v.strip() for v in text.split(",") if v.strip()]) if text else []
 
 
 @dataclass
@@ -207,6 +208,8 @@ def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[st
         check_value(BY_NAME[field_name], v, req.mode)
     lists = {k: split_list(v) for k, v in (variants or {}).items() if v}
     for k in lists:
+        if not lists[k]:
+            raise SetupError(f"--{k.replace('_', '-')} {variants[k]!r} names no value: give one, or a comma list")
         if k not in VARIANT_KNOBS:
             raise SetupError(f"variants can be given for {', '.join(VARIANT_KNOBS)}, not {k!r}")
         if KNOBS.get(k, (None,))[0] == field_name:
@@ -218,7 +221,7 @@ def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[st
         raise SetupError(f"{len(combos)} variants is too many to draw (at most {MAX_VARIANTS}); give fewer values")
     multi = [k for k, vs in lists.items() if len(vs) > 1]
     labels = [" ".join(f"{k} {c[k]}" if len(multi) > 1 else str(c[k]) for k in multi) for c in combos]
-    base = dataclasses.asdict(req) | {k: v for k, v in (variants or {}).items() if v}
+    base = dataclasses.asdict(req) | {k: ",".join(vs) for k, vs in lists.items()}  # (as split: no empty or twice)
     notes: list[str] = []
     rows: list[dict] = []
     host_read = False  # whether a point's estimate reads --host-memory
