@@ -82,6 +82,9 @@ def test_plain_training_arguments_stay_with_transformers(tmp_path):
     ("per_device_train_batch_size: 4\nnum_generations: 1\n", "GRPOConfig rejects it"),
     ("per_device_train_batch_size: 4\nnum_generations: 4\noptim: adamw_anyprecision\n", "optim"),
     ("per_device_train_batch_size: 4\nmax_seq_length: 2048\n", "max_seq_length is TRL's old name"),
+    # the RL step has no --compile (trainfit's setting, train only): refused by the file's own key
+    ("per_device_train_batch_size: 4\nnum_generations: 4\ntorch_compile: true\n",
+     "torch_compile True (read as --compile): --compile applies to train only"),
 ])
 def test_bad_trl_config_is_one_line_and_exit_2(tmp_path, capsys, text, needle):
     path = tmp_path / "grpo.yaml"
@@ -157,3 +160,18 @@ def test_model_init_kwargs_dtype_sets_the_weights_dtype(tmp_path, init, want):
     r, s = _setup(tmp_path, "output_dir: out\nper_device_train_batch_size: 2\nmax_length: 512\n" + init)
     assert s.precision == want
     assert "model_init_kwargs" not in r.no_effect
+
+
+def test_the_parsers_own_warning_is_a_line_of_check_not_a_python_warning(tmp_path, cli):
+    """transformers 5.24 warns that gradient_checkpointing is deprecated (training_args.py:1541, a FutureWarning
+    printed with its file path on stderr): check says it among its lines, and its JSON under "warned"."""
+    import json
+
+    path = tmp_path / "args.yaml"
+    path.write_text("output_dir: out\nper_device_train_batch_size: 2\ngradient_checkpointing: true\n")
+    code, out, err = cli("check", str(path), "--model", MODEL)
+    assert code == 0 and "FutureWarning" not in err and "training_args.py" not in err
+    assert "  · TrainingArguments warns: `gradient_checkpointing` is deprecated" in out
+    code, out, _ = cli("check", str(path), "--model", MODEL, "--json")
+    assert code == 0 and any("gradient_checkpointing" in x for x in json.loads(out)["check"]["warned"])
+

@@ -84,6 +84,7 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
             "not_modelled": [x for r in readings for x in r.not_modelled] + notes,
             "unknown": [x for r in readings for x in r.unknown],
             "no_effect": [x for r in readings for x in r.no_effect],
+            "warned": [x for r in readings for x in r.warned],
             "as_modelled": [x for r in readings for x in r.as_modelled]}
     if json:
         show_estimates(req, results, True, {"check": said})
@@ -91,7 +92,7 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
     for r in readings:
         typer.echo(f"read {r.source}")
     typer.echo("as trainfit: " + " ".join(x for k, v in said["settings"].items() for x in as_flag(k, v)))
-    for x in said["not_modelled"]:
+    for x in said["not_modelled"] + said["warned"]:
         typer.echo(f"  · {x}")
     if said["as_modelled"]:
         typer.echo(f"  · as the estimate sizes the engine: {', '.join(said['as_modelled'])}")

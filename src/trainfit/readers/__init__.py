@@ -25,6 +25,7 @@ class Reading:
     not_modelled: list[str] = field(default_factory=list)  # "key = value: not modelled (effect)"
     unknown: list[str] = field(default_factory=list)  # keys neither mapped nor known to trainfit
     no_effect: list[str] = field(default_factory=list)  # keys with no effect on a step's memory or time
+    warned: list[str] = field(default_factory=list)  # what the tool's own parser warned about the file (deprecations)
     sized: list = field(default_factory=list)  # (knob, key, value, effect): a serving engine's flag that trainfit
     # sizes as the engine does (Estimate.detail.serving.knobs[knob]), settled by `against` once the estimate is made
     as_modelled: list[str] = field(default_factory=list)  # "key value": what the estimate assumed (`against`)
@@ -40,12 +41,15 @@ class Reading:
     def set(self, name: str, value, key: str) -> None:
         """Setting `name` = `value` from the file's `key` (two keys disagreeing: an error; a value the setting refuses:
         an error naming the file's key, not only trainfit's flag)."""
-        from ..setup import BY_NAME, check_value
+        from ..setup import BY_NAME, check_value, refuse_written
 
+        setting, mode = BY_NAME[name], self.values.get("mode", "train")
         try:
-            check_value(BY_NAME[name], value, self.values.get("mode", "train"))
+            check_value(setting, value, mode)
+            if mode not in setting.meta.modes and value != setting.default:  # (as the request refuses it)
+                refuse_written(frozenset({name}), mode)
         except SetupError as e:
-            raise SetupError(f"{_file(self)}: {key} {value!r} (read as {BY_NAME[name].flag}): {e}") from None
+            raise SetupError(f"{_file(self)}: {key} {value!r} (read as {setting.flag}): {e}") from None
         if name in self.values and self.values[name] != value:
             raise SetupError(f"{self.source}: {key} sets {name.replace('_', '-')} = {value!r} but another key set "
                              f"{self.values[name]!r}: make them agree")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from pathlib import Path
 
 from ..errors import SetupError
@@ -54,8 +55,10 @@ def _load(path: Path, text: str) -> dict:
 
 
 def parse(path: Path, raw: dict, cls):
-    """(the `cls` (TrainingArguments or a subclass) HfArgumentParser makes of `raw`, its deepspeed value). bf16/fp16
-    go in as False: their check needs the GPU (training_args.py _validate_args); the callers read them from `raw`."""
+    """(the `cls` (TrainingArguments or a subclass) HfArgumentParser makes of `raw`, its deepspeed value, what `cls`
+    warned about the file: e.g. a deprecated key, training_args.py:1541, said in check's lines rather than as a
+    Python warning on stderr). bf16/fp16 go in as False: their check needs the GPU (training_args.py
+    _validate_args); the callers read them from `raw`."""
     try:
         from transformers import HfArgumentParser
     except ImportError:
@@ -69,10 +72,12 @@ def parse(path: Path, raw: dict, cls):
     plain.setdefault("output_dir", "trainfit-check")
     ds = plain.pop("deepspeed", None)
     try:
-        (a,) = HfArgumentParser(cls).parse_dict(plain, allow_extra_keys=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            (a,) = HfArgumentParser(cls).parse_dict(plain, allow_extra_keys=True)
     except (ValueError, TypeError) as e:
         raise SetupError(f"{path}: {cls.__name__} rejects it ({str(e).splitlines()[0]})") from None
-    return a, ds
+    return a, ds, list(dict.fromkeys(f"{cls.__name__} warns: {w.message}" for w in caught))
 
 
 def apply(r: Reading, a, raw: dict, ds, bf16_default: bool = False) -> None:
@@ -147,8 +152,8 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         from transformers import TrainingArguments
     except ImportError:
         raise SetupError(f"{path}: reading TrainingArguments needs transformers") from None
-    a, ds = parse(path, raw, TrainingArguments)
-    r = Reading(f"{path} (transformers HfArgumentParser → TrainingArguments)")
+    a, ds, warned = parse(path, raw, TrainingArguments)
+    r = Reading(f"{path} (transformers HfArgumentParser → TrainingArguments)", warned=warned)
     apply(r, a, raw, ds)
     if a.use_liger_kernel:  # training_args.py:957; trainer.py:1494-1495 applies Liger's defaults to the model
         r.set("liger", True, "use_liger_kernel")

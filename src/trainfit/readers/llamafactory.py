@@ -46,9 +46,9 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         from transformers import Seq2SeqTrainingArguments
     except ImportError:
         raise SetupError(f"{path}: reading LLaMA-Factory's training keys needs transformers") from None
-    a, ds = parse(path, raw, Seq2SeqTrainingArguments)  # training_args.py: LF's TrainingArguments subclass it
+    a, ds, warned = parse(path, raw, Seq2SeqTrainingArguments)  # training_args.py: LF's TrainingArguments subclass it
     r = Reading(f"{path} ({SCHEMA}: LLaMA-Factory is not installed; training keys by transformers' "
-                "HfArgumentParser)")
+                "HfArgumentParser)", warned=warned)
     if not raw.get("model_name_or_path"):  # model_args.py:38
         raise SetupError(f"{path}: LLaMA-Factory needs model_name_or_path (model_args.py:38): add it")
     r.model = str(raw["model_name_or_path"])

@@ -101,8 +101,10 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         micro = int(plain.get("per_device_train_batch_size", 8))
         spg = plain.pop("steps_per_generation", None) or int(plain.get("gradient_accumulation_steps", 1))
         plain["generation_batch_size"] = micro * dp * int(spg)
-    a, ds = parse(path, plain, cls)
-    r = Reading(f"{path} (trl {version} HfArgumentParser → {cls.__name__})")
+    a, ds, warned = parse(path, plain, cls)
+    r = Reading(f"{path} (trl {version} HfArgumentParser → {cls.__name__})", warned=warned)
+    if which == "grpo":  # (first: a key the RL step does not take is refused by its own name, Reading.set)
+        r.set("mode", "rl", "GRPOConfig")
     apply(r, a, raw, ds, bf16_default=True)
     if which == "grpo":
         _grpo(r, a, raw, dp)
