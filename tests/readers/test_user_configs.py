@@ -550,3 +550,74 @@ def test_megatron_optimizer_it_does_not_build_is_refused(tmp_path):
     sh.write_text(MEGATRON + "--optimizer lamb\n")
     with pytest.raises(SetupError, match="adam or sgd"):
         _setup([sh])
+
+
+# vLLM 0.33's `vllm serve ... --config FILE`, by hand from vllm/utils/argparse_utils.py (the wheel's): the file's keys
+# pulled in before the command line's flags (_pull_args_from_config :516-604), each as load_config_file writes it
+# (:606-673), then its underscores read as dashes (:374-394)
+VLLM_YAML = """model: meta-llama/Llama-3.1-8B
+tensor_parallel_size: 2
+max-model-len: 8k
+enforce-eager: true
+enable-prefix-caching: false
+disable-log-stats: false
+served-model-name: [a, b]
+speculative-config:
+  model: meta-llama/Llama-3.2-1B
+  num_speculative_tokens: 4
+"""
+
+
+def test_vllm_config_file_is_read_under_the_command_line(tmp_path):
+    """`vllm serve --config serve.yaml -tp 4`: --config was listed as unknown and none of the file's keys read (here:
+    tp 1, the model's own length, no draft, CUDA graphs on). By hand: tensor_parallel_size 2 is --tensor-parallel-size,
+    and -tp 4 after it wins; 8k is 8,000 (human_readable_int); true is the bare flag; false --no-enable-prefix-caching
+    (an EngineArgs bool field: BooleanOptionalAction, engine/arg_utils.py:384-386) and nothing for the store_true
+    --disable-log-stats (:1921); a list its items; a mapping JSON (--speculative-config); model: --model."""
+    (tmp_path / "serve.yaml").write_text(VLLM_YAML)
+    sh = tmp_path / "serve.sh"
+    sh.write_text("vllm serve --config serve.yaml -tp 4\n")
+    r = read(sh)
+    assert r.model == "meta-llama/Llama-3.1-8B"
+    assert {k: r.values.get(k) for k in ("tp", "max_model_len", "enforce_eager", "draft_model")} == {
+        "tp": 4, "max_model_len": 8000, "enforce_eager": True, "draft_model": "meta-llama/Llama-3.2-1B"}
+    assert any(x.startswith("--no-enable-prefix-caching") for x in r.not_modelled), r.not_modelled
+    assert "--served-model-name" in r.no_effect and "--disable-log-stats" not in r.no_effect and not r.unknown
+
+
+def test_vllm_config_file_model_is_under_the_command_lines(tmp_path):
+    """The command line's model wins over the file's (argparse_utils.py:324-354 moves --model to the positional,
+    cli/serve.py:55-57 takes the positional)."""
+    (tmp_path / "serve.yaml").write_text(VLLM_YAML)
+    for line in ("vllm serve Qwen/Qwen3-8B --config serve.yaml",
+                 "vllm serve --config serve.yaml --model Qwen/Qwen3-8B"):
+        sh = tmp_path / "serve.sh"
+        sh.write_text(line + "\n")
+        r = read(sh)
+        assert (r.model, r.values["tp"]) == ("Qwen/Qwen3-8B", 2), line
+
+
+def test_vllm_config_written_with_an_equals_sign_is_listed(tmp_path):
+    """vLLM pulls a file in only for the word --config (argparse_utils.py:371): `--config=serve.yaml` is argparse's,
+    and nothing reads it; listed, not read (the file's tp 2 is not taken)."""
+    (tmp_path / "serve.yaml").write_text(VLLM_YAML)
+    sh = tmp_path / "serve.sh"
+    sh.write_text("vllm serve m --config=serve.yaml\n")
+    r = read(sh)
+    assert "tp" not in r.values and any(x.startswith("--config = 'serve.yaml': not modelled") for x in r.not_modelled)
+
+
+@pytest.mark.parametrize("line, yaml, says", [
+    ("vllm serve --config serve.yaml", "tensor-parallel-size: 2\n", "no model"),  # (:577-583)
+    ("vllm serve m --config missing.yaml", None, "no such file here or beside the script"),
+    ("vllm serve m --config serve.yaml", "- tensor-parallel-size\n", "a YAML mapping"),
+    ("vllm serve m --config serve.yaml", "max-model-len: [1\n", "not valid YAML"),
+    ("vllm serve m --config serve.yaml --config serve.yaml", "max-model-len: 8k\n", "given twice"),  # (:551)
+])
+def test_vllm_config_file_bad_input_is_one_line_and_exit_2(tmp_path, cli, line, yaml, says):
+    if yaml is not None:
+        (tmp_path / "serve.yaml").write_text(yaml)
+    sh = tmp_path / "serve.sh"
+    sh.write_text(line + "\n")
+    code, _, err = cli("check", str(sh), "--model", MODEL, "--gpu", "H100-80GB")
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

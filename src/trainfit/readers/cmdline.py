@@ -3,6 +3,7 @@ assignments dropped, the arguments after the program (`marker`) returned with th
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from ..errors import SetupError
 
@@ -26,6 +27,16 @@ def split(text: str, source: str, marker) -> tuple[list[str], list[str]]:
                                  "and check that")
             return words[:i], words[i + 1:]
     raise SetupError(f"{source}: no command found in it")
+
+
+def named_file(name: str, script: Path, flag: str, tool: str) -> Path:
+    """The file a command line's `flag` names: where `tool` opens it (from the directory the run starts in: here),
+    else beside the script."""
+    for p in (Path(name), script.parent / name):
+        if p.is_file():
+            return p
+    raise SetupError(f"{script}: {flag} {name}: no such file here or beside the script ({tool} opens it from where "
+                     "the run starts): run check from there, or give the file's path")
 
 
 def launcher_world(before: list[str]) -> int | None:

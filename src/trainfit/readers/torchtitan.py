@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import SetupError
 from ..analytic.torchao_recipes import MX_RECIPES
 from . import Reading, _file
-from .cmdline import launcher_world, split
+from .cmdline import launcher_world, named_file, split
 
 # keys (section.key) the settings are read from (the writer's keys: emit_torchtitan.TORCHTITAN_KEYS, and these)
 MAPPED = {"model.name", "model.flavor", "model.hf_assets_path", "model.converters", "optimizer.name",
@@ -117,16 +117,6 @@ def _toml_keys(path: Path, text: str) -> dict:
         raise SetupError(f"{path}: not valid TOML ({e}): fix the file") from None
 
 
-def _job_file(name: str, script: Path) -> Path:
-    """The TOML a command line's --job.config_file names: where torchtitan opens it (config/manager.py:80, from the
-    directory the run starts in: here), else beside the script."""
-    for p in (Path(name), script.parent / name):
-        if p.is_file():
-            return p
-    raise SetupError(f"{script}: --job.config_file {name}: no such file here or beside the script (torchtitan opens "
-                     "it from where the run starts): run check from there, or give the file's path")
-
-
 def _with_file(args: list[str], found: Path) -> list[str]:
     """`args` with the --job.config_file value replaced by `found`."""
     out = []
@@ -145,7 +135,8 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         before, args = split(text, str(path), lambda w: w == "torchtitan.train")
         keys, world = _cli_keys(args), launcher_world(before)
         if "job.config_file" in keys:  # its keys under the command line's (manager.py: CLI > TOML > defaults)
-            found = _job_file(str(keys["job.config_file"]), path)
+            # (torchtitan opens it from where the run starts: config/manager.py:80)
+            found = named_file(str(keys["job.config_file"]), path, "--job.config_file", "torchtitan")
             keys = _toml_keys(found, found.read_text(encoding="utf-8", errors="replace")) | keys
             args = _with_file(args, found)
     r = Reading(f"{path} (torchtitan 0.2.2 ConfigManager)")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading
-from .cmdline import human_readable_int, leftover_flags, parse_flags, split
+from .cmdline import human_readable_int, leftover_flags, named_file, parse_flags, split
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 # --kv-cache-dtype: the CacheDType values (config/cache.py, "auto" apart) trainfit models; vLLM has no float32 KV
@@ -25,10 +25,17 @@ EFFECT = {"enable-prefix-caching": "time: cached prefixes skip prefill; no effec
           "data-parallel-size": "more GPUs: each replica as estimated",
           "enable-expert-parallel": "memory and time of the MoE experts", "max-num-partial-prefills": "time",
           "compilation-config": "time and CUDA-graph memory", "max-seq-len-to-capture": "CUDA-graph memory",
-          "distributed-executor-backend": "none on one node", "limit-mm-per-prompt": "memory of the encoder cache"}
+          "distributed-executor-backend": "none on one node", "limit-mm-per-prompt": "memory of the encoder cache",
+          "config": "none of its keys is read: vLLM opens the file only when written `--config FILE` "
+                    "(vllm/utils/argparse_utils.py:371); write it so"}
 
 
 SHORT = {"-dp": "data-parallel-size", "-O": "compilation-config"}  # EngineArgs' other short aliases (arg_utils.py)
+# the serve flags vLLM 0.33 adds as store_true, with no --no- form (engine/arg_utils.py:1294-1299, :1919-1930;
+# entrypoints/common/cli_args.py:444-448, :465-469); its other switches are EngineArgs / FrontendArgs bool fields,
+# each with a --no- form (argparse.BooleanOptionalAction: engine/arg_utils.py:384-386)
+STORE_TRUE = ("data-parallel-multi-port-external-lb", "disable-log-stats", "aggregate-engine-logging", "headless",
+              "grpc")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -52,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-memory-bytes", type=human_readable_int)  # (a size: EngineArgs' human_readable_int)
     p.add_argument("--kv-cache-dtype")
     p.add_argument("--quantization", "-q")
-    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction)  # (a bool field: --no-enforce-eager too)
     p.add_argument("--speculative-config")
     return p
 
@@ -126,11 +133,65 @@ def flexible(argv: list[str], source: str) -> list[str]:
     return out
 
 
+def model_first(argv: list[str]) -> list[str]:
+    """`vllm serve ... --model M ...` as vLLM runs it: `vllm serve M ...` (vllm/utils/argparse_utils.py:324-354)."""
+    for i, w in enumerate(argv):
+        if w == "--model" and i + 1 < len(argv):
+            return [argv[i + 1], *argv[:i], *argv[i + 2:]]
+        if w.startswith("--model="):
+            return [w.partition("=")[2], *argv[:i], *argv[i + 1:]]
+    return argv
+
+
+def with_config(argv: list[str], path: Path) -> tuple[list[str], Path | None]:
+    """(argv with the keys of the YAML that `--config FILE` names, the file), as vLLM's FlexibleArgumentParser pulls
+    them in before parsing (vllm/utils/argparse_utils.py:371-372, _pull_args_from_config :516-604, load_config_file
+    :606-673): each key is its flag (underscores read as dashes later, :374-394), true a bare flag, false the flag's
+    --no- form where it has one (else dropped), a list its items, a mapping JSON, else the value as text; placed after
+    the model and before the command line's flags, which win (argparse keeps the last). Only the word `--config`
+    pulls a file in (:371): `--config=FILE` is left to argparse, which reads nothing from it (EFFECT)."""
+    if "--config" not in argv:
+        return argv, None
+    if argv.count("--config") > 1:  # (:551)
+        raise SetupError(f"{path}: --config given twice: vLLM reads one config file: keep one")
+    i = argv.index("--config")
+    if i == len(argv) - 1:  # (:554-557)
+        raise SetupError(f"{path}: --config names no file: give the YAML after it")
+    found = named_file(argv[i + 1], path, "--config", "vLLM")
+    if argv[i + 1].split(".")[-1] not in ("yaml", "yml"):  # (:633-637)
+        raise SetupError(f"{path}: --config {argv[i + 1]}: vLLM reads a .yaml or .yml config file only: convert it")
+    import yaml
+
+    try:
+        data = yaml.safe_load(found.read_text(encoding="utf-8", errors="replace"))
+    except yaml.YAMLError as e:
+        raise SetupError(f"{found}: not valid YAML ({str(e).splitlines()[0]}): fix the file") from None
+    if not isinstance(data, dict):
+        raise SetupError(f"{found}: vLLM's --config file is a YAML mapping of flag names to values (e.g. "
+                         "'tensor-parallel-size: 2'): fix the file")
+    keys: list[str] = []
+    for k, v in data.items():
+        if isinstance(v, bool):  # (:654-658: --no-KEY only where the parser has that option string)
+            keys += [f"--{k}"] if v else [f"--no-{k}"] if "_" not in str(k) and k not in STORE_TRUE else []
+        elif isinstance(v, list):
+            keys += [f"--{k}", *map(str, v)] if v else []
+        else:
+            keys += [f"--{k}", json.dumps(v) if isinstance(v, dict) else str(v)]
+    rest = argv[:i] + argv[i + 2:]
+    if rest and not rest[0].startswith("-"):  # the model on the command line (after model_first): it stays first
+        return [rest[0], *keys, *rest[1:]], found
+    if "--model" not in keys:  # (:574-583)
+        raise SetupError(f"{path}: no model: vLLM needs it after `vllm serve` or as 'model:' in {found.name}: add it")
+    j = keys.index("--model")  # (the file's model: put first, where the parser takes the model whatever follows)
+    return [keys[j + 1], *keys[:j], *keys[j + 2:], *rest], found
+
+
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
     _, argv = split(text, str(path), lambda w: w == "serve")
-    r = Reading(f"{path} (vLLM 0.33 serve flags, argparse)")
+    argv, config = with_config(model_first(argv), path)
+    r = Reading(f"{path} (vLLM 0.33 serve flags, argparse{f'; --config {config}' if config else ''})")
     a, rest = parse_flags(parser(), flexible(argv, str(path)), path)
-    r.model = a.model or a.model_tag
+    r.model = a.model_tag or a.model  # (the positional first: vllm/entrypoints/cli/serve.py:55-57)
     r.set("mode", "serve", "vllm serve")
     r.set("server", "vllm", "vllm serve")
     if a.dtype and a.dtype != "auto":  # auto: the checkpoint's dtype, as trainfit's serve default (config/model.py)
