@@ -621,3 +621,30 @@ def test_vllm_config_file_bad_input_is_one_line_and_exit_2(tmp_path, cli, line, 
     sh.write_text(line + "\n")
     code, _, err = cli("check", str(sh), "--model", MODEL, "--gpu", "H100-80GB")
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("line", [
+    "sglang serve --model-path meta-llama/Llama-3.1-8B",
+    "sglang serve meta-llama/Llama-3.1-8B",  # (0.5.23 cli/serve.py:62-66: the first argument, not a flag)
+    "sglang serve --model-type llm meta-llama/Llama-3.1-8B",  # (:30-59: taken out first)
+    "/opt/venv/bin/sglang serve --model-type=auto meta-llama/Llama-3.1-8B",
+])
+def test_sglang_serve_reads_as_launch_server(tmp_path, line):
+    """`sglang serve` (SGLang's console script since 0.5.5; 0.5.23 cli/main.py) runs prepare_server_args on the flags
+    left after its --model-type (cli/serve.py:97-106), as `python -m sglang.launch_server` does on its own
+    (launch_server.py:81): the same reading. It was refused ('not a config trainfit reads')."""
+    flags = " --tp 2 --context-length 8192 --mem-fraction-static 0.8 --disable-cuda-graph"
+    serve, launch = tmp_path / "serve.sh", tmp_path / "launch.sh"
+    serve.write_text(line + flags + "\n")
+    launch.write_text("python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B" + flags + "\n")
+    r, want = read(serve), read(launch)
+    assert (r.model, r.values, r.unknown, r.not_modelled) == (want.model, want.values, [], [])
+
+
+def test_sglang_serve_of_another_backend_is_refused(tmp_path, cli):
+    """--model-type diffusion runs SGLang's diffusion server (0.5.23 cli/serve.py:121-157), which trainfit does not
+    estimate."""
+    sh = tmp_path / "serve.sh"
+    sh.write_text("sglang serve --model-type diffusion black-forest-labs/FLUX.1-dev\n")
+    code, _, err = cli("check", str(sh), "--model", MODEL, "--gpu", "H100-80GB")
+    assert code == 2 and "--model-type 'diffusion'" in err and len(err.strip().splitlines()) == 1, err

@@ -12,8 +12,9 @@ from .options import JsonOpt
 FilesArg = typer.Argument(..., metavar="FILE...", help="Your config: a torchtitan job .toml or torchtitan.train command line, a "
                           "Megatron-LM pretrain_gpt.py command line or script, a DeepSpeed ds_config.json, HF "
                           "TrainingArguments or a TRL SFTConfig/GRPOConfig/DPOConfig (.json/.yaml), an axolotl or "
-                          "LLaMA-Factory .yaml, an accelerate config .yaml, a `vllm serve` (with its --config YAML) or "
-                          "`sglang.launch_server` command line. Several files describe one run together.")
+                          "LLaMA-Factory .yaml, an accelerate config .yaml, a `vllm serve` (with its --config YAML), "
+                          "`sglang serve` or `sglang.launch_server` command line. Several files describe one run "
+                          "together.")
 ModelOpt = typer.Option(None, "--model", help="The model, when the files do not name one (DeepSpeed, accelerate, "
                         "TrainingArguments, Megatron without --tokenizer-model): " + "a catalog name, config.json "
                         "or hub id.")

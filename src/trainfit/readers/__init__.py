@@ -85,10 +85,12 @@ def kind_of(path: Path, text: str) -> str:
     if suffix == ".toml":
         return "torchtitan"
     words = text.replace("\\\n", " ").split()
+    from .sglang import launched
+
+    if launched(words):
+        return "sglang"
     if "serve" in words and any(w.endswith("vllm") for w in words):
         return "vllm"
-    if "sglang.launch_server" in words:
-        return "sglang"
     if "torchtitan.train" in words:
         return "torchtitan"
     if any(w.endswith("pretrain_gpt.py") or w == "--tensor-model-parallel-size" for w in words):
@@ -121,7 +123,7 @@ def kind_of(path: Path, text: str) -> str:
         return _trainer_args(data)
     raise SetupError(f"{path}: not a config trainfit reads (a torchtitan .toml, a DeepSpeed, TrainingArguments, "
                      "TRL, axolotl or LLaMA-Factory .json/.yaml, an accelerate .yaml, or a pretrain_gpt.py / "
-                     "torchtitan.train / vllm serve / sglang.launch_server command line)")
+                     "torchtitan.train / vllm serve / sglang serve / sglang.launch_server command line)")
 
 
 def _trainer_args(data: dict) -> str:

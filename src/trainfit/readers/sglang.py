@@ -1,4 +1,5 @@
-"""A `python -m sglang.launch_server --model-path M --flag value ...` command line. SGLang cannot be installed here, so
+"""A `python -m sglang.launch_server --model-path M --flag value ...` or `sglang serve M --flag value ...` command
+line (both parsed by prepare_server_args, SGLang 0.5.23 srt/server_args.py:668-696). SGLang cannot be installed here, so
 its flags are parsed with an argparse parser built from SGLang 0.5.23's ServerArgs fields (the lines cited in
 plan/emit_sglang.py: fields/model.py, parallel.py, schedule.py, exec_.py, spec.py)."""
 from __future__ import annotations
@@ -33,6 +34,37 @@ EFFECT = {"cuda-graph-max-bs": "memory: CUDA graphs captured up to this batch",
 ALIASES = {"data-parallel-size": "dp-size", "dp": "dp-size", "expert-parallel-size": "ep-size", "ep": "ep-size"}
 
 
+# the words that start SGLang's server: `python -m sglang.launch_server`, and `sglang serve` (the sglang console script,
+# sglang.cli.main:main, from SGLang 0.5.5 on: 0.5.23 cli/main.py:28-51)
+LAUNCHERS = ("sglang.launch_server", "serve")
+
+
+def launched(words: list[str]) -> bool:
+    """Whether the command's words start SGLang's server."""
+    return LAUNCHERS[0] in words or any(w.endswith("sglang") and n == "serve" for w, n in zip(words, words[1:]))
+
+
+def serve_argv(argv: list[str], path: Path) -> list[str]:
+    """The launch_server flags `sglang serve` passes on (0.5.23 cli/serve.py:181-192, _run_llm :97-106): its backend
+    selector --model-type taken out (:30-59; auto picks the language-model server for a model that is not a diffusion
+    one, :109-118), and a first argument that is not a flag read as --model-path (:62-66)."""
+    kind, out, i = "auto", [], 0
+    while i < len(argv):
+        k, eq, v = argv[i].partition("=")
+        if k != "--model-type":
+            out.append(argv[i])
+        elif eq:
+            kind = v
+        else:
+            kind, i = (argv[i + 1] if i + 1 < len(argv) else ""), i + 1
+        i += 1
+    if kind not in ("auto", "llm"):
+        raise SetupError(f"{path}: --model-type {kind!r}: trainfit estimates SGLang's language-model server only "
+                         "(sglang serve's llm backend, cli/serve.py:144-157): give --model-type llm or auto (the "
+                         "default) with a language model")
+    return ["--model-path", *out] if out and not out[0].startswith("-") else out
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sglang.launch_server", add_help=False, allow_abbrev=False)
     p.add_argument("--model-path", "--model")
@@ -56,13 +88,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
-    _, argv = split(text, str(path), lambda w: w == "sglang.launch_server")
+    before, argv = split(text, str(path), lambda w: w in LAUNCHERS)
+    launcher = "sglang serve" if before and before[-1].endswith("sglang") else LAUNCHERS[0]
+    if launcher == "sglang serve":
+        argv = serve_argv(argv, path)
     r = Reading(f"{path} (SGLang 0.5.23 ServerArgs flags, argparse)")
     p = parser()
     a, rest = parse_flags(p, argv, path)
     r.model = a.model_path
-    r.set("mode", "serve", "sglang.launch_server")
-    r.set("server", "sglang", "sglang.launch_server")
+    r.set("mode", "serve", launcher)
+    r.set("server", "sglang", launcher)
     if a.dtype and a.dtype != "auto":
         if a.dtype not in DTYPES:
             raise SetupError(f"--dtype {a.dtype}: use auto, bfloat16, float16 or float32")
