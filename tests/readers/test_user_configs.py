@@ -648,3 +648,37 @@ def test_sglang_serve_of_another_backend_is_refused(tmp_path, cli):
     sh.write_text("sglang serve --model-type diffusion black-forest-labs/FLUX.1-dev\n")
     code, _, err = cli("check", str(sh), "--model", MODEL, "--gpu", "H100-80GB")
     assert code == 2 and "--model-type 'diffusion'" in err and len(err.strip().splitlines()) == 1, err
+
+
+# Megatron-LM core_v0.16.1 without --use-distributed-optimizer and the model's shape flags (--model names the model)
+MEGATRON_DDP = ("torchrun --nproc_per_node 8 pretrain_gpt.py --seq-length 4096 --micro-batch-size 1 "
+                "--global-batch-size 64 --bf16 ")
+
+
+def test_megatron_torch_fsdp2_is_refused_naming_what_trainfit_models(tmp_path, cli):
+    """--use-torch-fsdp2 (Megatron-LM core_v0.16.1 arguments.py:2335) wraps the model in torch's fully_shard
+    (training.py:1277-1289); check listed it as unknown and estimated DDP (--zero 0: every rank's whole gradients and
+    optimizer states, 59.83 GiB of states for llama-3.1-8b at dp 8). trainfit's Megatron stack models Megatron-FSDP,
+    whose fp32 main-grad buffer torch's FSDP2 wrapper does not keep: it has no mixed-precision policy, so the gradients
+    are reduced in the weights' dtype (megatron-core's TorchFullyShardedDataParallel, read below). The line carries
+    what Megatron-LM requires beside the flag (arguments.py:605-621)."""
+    import inspect
+
+    from megatron.core.distributed import TorchFullyShardedDataParallel
+
+    wrapper = inspect.getsource(TorchFullyShardedDataParallel.__init__)
+    assert "fully_shard(" in wrapper and "mp_policy" not in wrapper and "MixedPrecision" not in wrapper
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON_DDP + "--use-torch-fsdp2 --no-gradient-accumulation-fusion "
+                  "--untie-embeddings-and-output-weights --ckpt-format torch_dist\n")
+    code, _, err = cli("check", str(sh), "--model", MODEL)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "--use-torch-fsdp2" in err and "--use-megatron-fsdp" in err, err
+
+
+def test_megatron_torch_fsdp2_option_alone_has_no_effect(tmp_path):
+    """--torch-fsdp2-no-reshard-after-forward is read by the torch FSDP2 wrapper only (training.py:1287-1289)."""
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON + "--torch-fsdp2-no-reshard-after-forward\n")
+    s, (r,) = _setup([sh])
+    assert s.zero == 1 and "--torch-fsdp2-no-reshard-after-forward" in r.no_effect and not r.unknown

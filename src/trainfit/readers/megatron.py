@@ -34,7 +34,8 @@ SWITCHES = ("group-query-attention", "swiglu", "disable-bias-linear", "untie-emb
             "moe-grouped-gemm", "overlap-moe-expert-parallel-comm", "use-distributed-optimizer", "use-megatron-fsdp",
             "bf16", "fp16", "grad-reduce-in-bf16", "fp8-param-gather", "fp4-param-gather", "first-last-layers-bf16",
             "moe-router-force-load-balancing", "tp-comm-overlap", "cross-entropy-loss-fusion", "overlap-param-gather",
-            "overlap-grad-reduce", "recompute-activations", "moe-router-fusion", "moe-permute-fusion")
+            "overlap-grad-reduce", "recompute-activations", "moe-router-fusion", "moe-permute-fusion",
+            "use-torch-fsdp2", "torch-fsdp2-no-reshard-after-forward")
 # flags with no effect on a step's memory or time (data, checkpoint paths, logging, learning rate, initialisation)
 NO_EFFECT = ("lr", "min-lr", "lr-", "weight-decay", "adam-", "init-method-std", "seed", "train-samples", "data-path",
              "split", "save", "load", "save-interval", "log-", "tensorboard-", "wandb-", "eval-", "vocab-file",
@@ -127,6 +128,26 @@ def _optimizer(a, r: Reading) -> None:
     momentum = 0.9 if a.sgd_momentum is None else a.sgd_momentum
     r.set("optimizer", "momentum" if momentum else "sgd", "--optimizer sgd" + (
         f" --sgd-momentum {a.sgd_momentum:g}" if a.sgd_momentum is not None else ""))
+
+
+def _torch_fsdp2(a, r: Reading) -> None:
+    """--use-torch-fsdp2: Megatron-LM wraps the model (16-bit under --bf16: training.py:1261-1263) in torch's
+    fully_shard (core_v0.16.1 training.py:1277-1289; megatron-core 0.16.1 distributed/
+    torch_fully_sharded_data_parallel.py:81-84, :128-146: each TransformerLayer, the embedding and the output layer,
+    with no mixed-precision policy, so the gradients are reduced in the weights' dtype, with no fp32 main-grad buffer)
+    under the non-distributed optimizer (Float16OptimizerWithFloat16Params, optimizer/__init__.py:461: fp32 main
+    params of each rank's shards; Megatron-LM refuses the distributed one with it, arguments.py:612-613, and pp or ep
+    > 1, gradient accumulation fusion, fp16, tied embeddings, a --ckpt-format other than torch_dist/torch_dcp:
+    :605-621). trainfit's Megatron stack models Megatron-FSDP's buffers (stacks/megatron.toml [megatron_fsdp]), not
+    these."""
+    if a.use_torch_fsdp2:
+        raise SetupError("--use-torch-fsdp2: trainfit does not model Megatron-LM on torch's FSDP2 (fully_shard of the "
+                         "model's layers under the non-distributed optimizer, megatron-core torch_fully_sharded_data_"
+                         "parallel.py); it models Megatron-FSDP: check the line with --use-megatron-fsdp "
+                         "--data-parallel-sharding-strategy optim_grads_params --ckpt-format fsdp_dtensor instead "
+                         "(trainfit's --zero 3)")
+    if a.torch_fsdp2_no_reshard_after_forward:  # (read by the torch FSDP2 wrapper only: training.py:1287-1289)
+        r.skip("--torch-fsdp2-no-reshard-after-forward", True, "no effect without --use-torch-fsdp2")
 
 
 def _settings(a, r: Reading, world: int | None) -> None:
@@ -225,6 +246,7 @@ def _settings(a, r: Reading, world: int | None) -> None:
                                                        "the fused ones, stacks/megatron.toml [moe])")
     if a.mtp_num_layers:
         r.set("mtp_layers", a.mtp_num_layers, "--mtp-num-layers")
+    _torch_fsdp2(a, r)
     if a.use_megatron_fsdp:  # fully_shard.py:41-53; arguments.py:2307-2309 (default no_shard)
         zero = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3, "no_shard": 0}.get(
             a.data_parallel_sharding_strategy or "no_shard")
