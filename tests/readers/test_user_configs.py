@@ -682,3 +682,80 @@ def test_megatron_torch_fsdp2_option_alone_has_no_effect(tmp_path):
     sh.write_text(MEGATRON + "--torch-fsdp2-no-reshard-after-forward\n")
     s, (r,) = _setup([sh])
     assert s.zero == 1 and "--torch-fsdp2-no-reshard-after-forward" in r.no_effect and not r.unknown
+
+
+def _optimizer_config_takes(flags: str) -> bool:
+    """Whether megatron-core 0.16.1's OptimizerConfig takes what Megatron-LM builds from `flags` (training.py:1410-1427
+    copies the args of its fields; arguments.py:645-653 maps the dtype names): its checks are assertions
+    (optimizer_config.py:375-426); past them it looks for Transformer Engine's FusedAdam, not installed here."""
+    import torch
+
+    from megatron.core.optimizer import OptimizerConfig
+
+    argv = flags.split()
+    kw = {"use_precision_aware_optimizer": "--use-precision-aware-optimizer" in argv,
+          "use_distributed_optimizer": "--use-distributed-optimizer" in argv}
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.uint8}
+    for flag in ("--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype", "--optimizer"):
+        if flag in argv:
+            v = argv[argv.index(flag) + 1]
+            kw[flag[2:].replace("-", "_")] = dtypes.get(v, v)
+    try:
+        OptimizerConfig(**kw)
+    except AssertionError:
+        return False
+    except (TypeError, RuntimeError):  # (is_te_min_version without TE; no FusedAdam: past the checks)
+        return True
+    return True
+
+
+@pytest.mark.parametrize("flags", [
+    "--exp-avg-dtype bf16", "--main-grads-dtype bf16", "--use-distributed-optimizer --main-params-dtype fp16",
+    "--use-precision-aware-optimizer", "--use-distributed-optimizer --use-precision-aware-optimizer --optimizer sgd",
+    "--use-distributed-optimizer --use-precision-aware-optimizer",
+    "--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype fp8 --exp-avg-sq-dtype bf16 "
+    "--main-params-dtype fp16 --main-grads-dtype bf16",
+])
+def test_megatron_precision_aware_optimizer_as_megatron_core_takes_it(tmp_path, flags):
+    """--use-precision-aware-optimizer and its dtypes were listed as unknown and the optimizer estimated in fp32
+    whatever they said. Now a line megatron-core's OptimizerConfig refuses is refused, and one it takes is estimated
+    with the flag listed as less memory (TE's FusedAdam keeps the states in the given dtypes)."""
+    takes = _optimizer_config_takes(flags)
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON_DDP + flags + "\n")
+    if not takes:
+        with pytest.raises(SetupError, match="Megatron refuses it"):
+            _setup([sh])
+        return
+    _, (r,) = _setup([sh])
+    assert any(x.startswith("--use-precision-aware-optimizer = True: not modelled (less memory") for x in
+               r.not_modelled), r.not_modelled
+    assert not r.unknown
+
+
+def test_megatron_precision_aware_optimizer_says_what_it_keeps(tmp_path, cli):
+    """By hand from megatron-core 0.16.1: the states in the given dtypes (optimizer/__init__.py:365-370: exp_avg in
+    fp8, 1 byte, exp_avg_sq in bf16, 2), the master weights as the bf16 weights' int16 remainders
+    (distrib_optimizer.py:800-802, store_param_remainders on by default with TE >= 2.1: optimizer_config.py:192,
+    :383-384), the 16-bit gradients stepped as they are (distrib_optimizer.py:2411-2417). --main-grads-dtype bf16
+    under --bf16 leaves accumulate_allreduce_grads_in_fp32 off (Megatron-LM arguments.py:716-724), as
+    --grad-reduce-in-bf16 does (:719-721): the same gradient buffer."""
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON_DDP + "--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype fp8 "
+                  "--exp-avg-sq-dtype bf16 --main-grads-dtype bf16\n")
+    s, (r,) = _setup([sh])
+    said = next(x for x in r.not_modelled if x.startswith("--use-precision-aware-optimizer"))
+    assert "fp8 and bf16 (3 bytes; trainfit counts 8)" in said and "(2 bytes with TE >= 2.1; trainfit counts 4)" in said
+    reduce = tmp_path / "reduce.sh"
+    reduce.write_text(MEGATRON_DDP + "--use-distributed-optimizer --grad-reduce-in-bf16\n")
+    assert s.grad_reduce_in_bf16 and s == _setup([reduce])[0]
+    code, out, err = cli("check", str(sh), "--model", MODEL)
+    assert code == 0 and "--use-precision-aware-optimizer" in out, err
+
+
+def test_megatron_precision_aware_dtype_megatron_does_not_take_is_one_line(tmp_path, cli):
+    """Megatron-LM's choices (arguments.py:2848: fp32, fp16, bf16, fp8 for --exp-avg-dtype)."""
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON_DDP + "--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype int8\n")
+    code, _, err = cli("check", str(sh), "--model", MODEL)
+    assert code == 2 and "invalid choice: 'int8'" in err and len(err.strip().splitlines()) == 1, err

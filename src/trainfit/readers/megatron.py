@@ -35,7 +35,7 @@ SWITCHES = ("group-query-attention", "swiglu", "disable-bias-linear", "untie-emb
             "bf16", "fp16", "grad-reduce-in-bf16", "fp8-param-gather", "fp4-param-gather", "first-last-layers-bf16",
             "moe-router-force-load-balancing", "tp-comm-overlap", "cross-entropy-loss-fusion", "overlap-param-gather",
             "overlap-grad-reduce", "recompute-activations", "moe-router-fusion", "moe-permute-fusion",
-            "use-torch-fsdp2", "torch-fsdp2-no-reshard-after-forward")
+            "use-torch-fsdp2", "torch-fsdp2-no-reshard-after-forward", "use-precision-aware-optimizer")
 # flags with no effect on a step's memory or time (data, checkpoint paths, logging, learning rate, initialisation)
 NO_EFFECT = ("lr", "min-lr", "lr-", "weight-decay", "adam-", "init-method-std", "seed", "train-samples", "data-path",
              "split", "save", "load", "save-interval", "log-", "tensorboard-", "wandb-", "eval-", "vocab-file",
@@ -67,6 +67,10 @@ EFFECT = {"manual-gc": "less time: no garbage-collection pauses mid-step",
           "fp8-amax-history-len": "a little memory: the delayed recipe's amax history per tensor", "no-masked-softmax-fusion": "more time",
           "no-bias-swiglu-fusion": "more time", "no-rope-fusion": "more time",
           "no-gradient-accumulation-fusion": "more time: separate weight-gradient accumulation"}
+# --use-precision-aware-optimizer's dtype flags and the values Megatron-LM takes (core_v0.16.1 arguments.py:2844-2857)
+PRECISION_AWARE_DTYPES = {"main-grads-dtype": ("fp32", "bf16"), "main-params-dtype": ("fp32", "fp16"),
+                          "exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"),
+                          "exp-avg-sq-dtype": ("fp32", "fp16", "bf16", "fp8")}
 # the model's shape: checked against the model trainfit resolves
 SHAPE = {"num-layers": "layers", "hidden-size": "hidden", "num-attention-heads": "heads", "kv-channels": "head_dim",
          "ffn-hidden-size": "intermediate", "vocab-size": "vocab"}
@@ -89,6 +93,9 @@ def parser() -> argparse.ArgumentParser:
     # OptimizerConfig.optimizer ('adam', megatron-core 0.16.1 optimizer_config.py:209) and sgd_momentum (0.9, :255)
     p.add_argument("--optimizer")
     p.add_argument("--sgd-momentum", type=float)
+    # the precision-aware optimizer's dtypes, with Megatron-LM's choices and defaults (arguments.py:2844-2857)
+    for f, choices in PRECISION_AWARE_DTYPES.items():
+        p.add_argument(f"--{f}", choices=choices, default="fp32")
     return p
 
 
@@ -148,6 +155,45 @@ def _torch_fsdp2(a, r: Reading) -> None:
                          "(trainfit's --zero 3)")
     if a.torch_fsdp2_no_reshard_after_forward:  # (read by the torch FSDP2 wrapper only: training.py:1287-1289)
         r.skip("--torch-fsdp2-no-reshard-after-forward", True, "no effect without --use-torch-fsdp2")
+
+
+def _precision_aware(a, r: Reading) -> None:
+    """--use-precision-aware-optimizer: TE's FusedAdam keeps Adam's states in --exp-avg-dtype / --exp-avg-sq-dtype
+    (megatron-core 0.16.1 optimizer/__init__.py:365-370, distrib_optimizer.py:797-798) and, unless the FP8 recipe is
+    one other than delayed with fp32 main params (optimizer_config.py:355-362), the master weights in
+    --main-params-dtype, under --bf16 as 16-bit remainders of the bf16 weights (store_param_remainders, on by default
+    with TE >= 2.1: :192, :383-384; distrib_optimizer.py:800-806), stepping the 16-bit gradients with no fp32 copies
+    (:2411-2417). trainfit, which has no setting for these, counts fp32 master weights and states: listed as less
+    memory. --main-grads-dtype bf16 under --bf16 leaves the gradients in bf16 as --grad-reduce-in-bf16 does
+    (Megatron-LM core_v0.16.1 arguments.py:716-724). Megatron refuses the dtypes without the flag, and the flag with
+    another optimizer than adam or without the distributed optimizer (optimizer_config.py:375-381, :414-426)."""
+    lowered = {f: getattr(a, f.replace("-", "_")) for f in PRECISION_AWARE_DTYPES}
+    lowered = {f: v for f, v in lowered.items() if v != "fp32"}
+    if not a.use_precision_aware_optimizer:
+        if lowered:
+            f, v = next(iter(lowered.items()))
+            raise SetupError(f"--{f} {v} without --use-precision-aware-optimizer: Megatron refuses it ("
+                             f"{f.replace('-', '_')} can only be fp32 when not using precision-aware optimizer, "
+                             "megatron-core 0.16.1 optimizer_config.py:414-426): add the flag or drop this one")
+        return
+    if (a.optimizer or "adam") != "adam":
+        raise SetupError(f"--use-precision-aware-optimizer with --optimizer {a.optimizer}: Megatron refuses it (only "
+                         "supported with adam, optimizer_config.py:375-378): drop one")
+    if not a.use_distributed_optimizer:
+        raise SetupError("--use-precision-aware-optimizer without --use-distributed-optimizer: Megatron refuses it "
+                         "(only supported with distributed optimizer, optimizer_config.py:379-381): add it")
+    if a.bf16 and a.main_grads_dtype == "bf16":
+        r.set("grad_reduce_in_bf16", True, "--main-grads-dtype bf16")
+    size = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+    what = [f"Adam's states in {a.exp_avg_dtype} and {a.exp_avg_sq_dtype} "
+            f"({size[a.exp_avg_dtype] + size[a.exp_avg_sq_dtype]} bytes; trainfit counts 8)"]
+    if (a.bf16 or a.fp16) and (a.main_params_dtype != "fp32" or a.fp8_recipe in (None, "delayed")):
+        what.append("the master weights as 16-bit remainders of the bf16 weights (2 bytes with TE >= 2.1; trainfit "
+                    "counts 4) and no fp32 gradient copies" if a.bf16 else
+                    f"the master weights in {a.main_params_dtype} ({size[a.main_params_dtype]} bytes; trainfit "
+                    "counts 4) and no fp32 gradient copies")
+    r.skip("--use-precision-aware-optimizer", True, f"less memory: TE's FusedAdam keeps {', '.join(what)}, per "
+           "parameter of the rank's optimizer shard: the estimate is high")
 
 
 def _settings(a, r: Reading, world: int | None) -> None:
@@ -262,6 +308,7 @@ def _settings(a, r: Reading, world: int | None) -> None:
     r.set("precision", "bf16-master" if a.bf16 else "fp16-master" if a.fp16 else "fp32", "--bf16/--fp16")
     if a.grad_reduce_in_bf16:
         r.set("grad_reduce_in_bf16", True, "--grad-reduce-in-bf16")
+    _precision_aware(a, r)
     r.set("max_grad_norm", a.clip_grad, "--clip-grad")
     r.set("recompute", _recompute(a),
           "--recompute-activations" if a.recompute_activations else "--recompute-granularity")
