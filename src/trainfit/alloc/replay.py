@@ -2,12 +2,13 @@
 through the caching-allocator simulation: the step's `max_memory_reserved`.
 
 Order: every record's birth and death by event index (each index is one or the other). The resident state
-(weights, optimizer state, batches: born before `start`) is allocated first, in adoption order, then the step
-runs twice, the way a measured run reaches steady state: before the second pass the storages the first one
-left alive are freed (the next step makes its own), and the peaks are reset at its start
-(torch.cuda.reset_peak_memory_stats); reserved never shrinks without an OOM, so the second pass' maximum is
-the steady state's. Events from `end` on (the recorder had stopped: the model and optimizer going away after the
-trace) are not replayed: the resident state stays allocated through the second pass.
+(weights, optimizer state, batches: born before `start`) is allocated first, in adoption order (a distributed
+trace's setup as it ran, from the wrapped model on: trace/engine.py replay_args), then the step runs twice, the
+way a measured run reaches steady state: before the second pass the storages the first one left alive are freed
+(the next step makes its own), and the peaks are reset at its start (torch.cuda.reset_peak_memory_stats); reserved
+never shrinks without an OOM, so the second pass' maximum is the steady state's. Events from `end` on (the
+recorder had stopped: the model and optimizer going away after the trace) are not replayed: the resident state
+stays allocated through the second pass.
 Streams: each record is allocated on its `stream` (trace/streams.py: FSDP2's all-gather copy-in and
 reduce-scatter streams are 1..; records without one are on 0), so a block freed on a side stream serves only that
 stream's later requests, as in the caching allocator (caching_allocator.py, get_free_block).

@@ -22,6 +22,19 @@ Two things a fake process group cannot show, and how they are handled:
   `allreduce` of DDP's buckets works in place. NCCL works in the given buffers (`backend="nccl"`: none).
   NB: collectives run synchronously here, so a backend temporary is live only during its collective; on
   gloo the work runs in a worker thread and may overlap the next ops (a few hundred KB in tiny models).
+
+Where the model is built. The trace builds the whole unsharded model on its one (fake) device and then wraps it,
+so until the wrapper returns it holds every parameter in full (Llama-3.1-70B: 263 GiB of fp32 parameters at once).
+A real FSDP job never has them on the GPU together: the HF Trainer leaves an FSDP model where it was loaded
+(transformers 5.24 trainer.py:480-504), on the CPU, or on the meta device under accelerate's
+fsdp_cpu_ram_efficient_loading (accelerate 1.16 utils/fsdp_utils.py:817-824); fully_shard then moves one unit's
+parameters to the device, shards them and drops them, unit by unit (fsdp_utils.py:870-873; torch 2.13
+_fully_shard.py:266-268 -> _fsdp_init.py:369-401, :567; the shard, _fsdp_param.py:228-331); torchtitan builds on the
+meta device (step/torchtitan.py). So `rec.wrapped_at` marks the event at which the wrapped model exists, and the
+allocator replay leaves out the storages made and freed before it (trace/engine.py replay_args). Replayed, they made
+the 70B's required the full fp32 model (263.24 GiB against a 170.76 GiB peak) and stayed cached in its reserved.
+Under DDP (--zero 0/1) the parameters outlive the wrap and stay in the replay; only the construction's temporaries
+go (the LM head from_config makes before tie_weights replaces it, which a user's model never holds: step/build.py).
 """
 from __future__ import annotations
 
@@ -63,6 +76,7 @@ class ShardedRecorder(AllocationRecorder):
 
         self.plain = self.plain | {DTensor}
         self.backend = backend
+        self.wrapped_at = None  # the event at which the wrapped model exists (_trace_rank; trace/engine.py replay_args)
         c10d = torch.ops.c10d
         self.scratch_of = {}
         if backend == "gloo":
@@ -276,6 +290,7 @@ def _trace_rank(spec, setup, backend, warmup, flops, mesh):
             else:
                 model = step.build(spec, setup, mesh=mesh, fake=True)
             wrapped, optimizer = step.wrap(model, setup, "cpu", mesh=mesh)
+            rec.wrapped_at = rec.event  # the replay's device memory starts here (module docstring)
             _fake_allreduce_hook(wrapped, setup.dp)
             batches = step.make_batches(spec, setup)
             for _ in range(max(2, warmup)):
@@ -323,7 +338,9 @@ def trace_distributed(spec: ModelSpec, setup: Setup, *, backend: str | None = No
 
     kit = stack_step(setup)
     notes = NOTES + (f"distributed trace: rank 0 of {setup.dp}, fake process group, {strategy_name(kit, setup)}, "
-                     f"{backend or ('nccl' if setup.device == 'cuda' else 'gloo')} backend temporaries",) + \
+                     f"{backend or ('nccl' if setup.device == 'cuda' else 'gloo')} backend temporaries" +
+                     ("; the allocator replay starts from the wrapped model (a job loads it on the CPU or the meta "
+                      "device, not unsharded on the GPU)" if setup.device == "cuda" else ""),) + \
         ((kit.NOTE,) if kit.NOTE else ()) + ((RESERVED_NOTE,) if setup.device == "cuda" else ())
     est = estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq, time.perf_counter() - t0, notes,
                         alloc_conf=alloc_conf)

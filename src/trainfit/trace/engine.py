@@ -77,13 +77,24 @@ def replay_args(rec, setup: Setup) -> dict:
     torch.optim makes its states in the first optimizer.step() (adam.py _init_group), which the measured process's
     warm-up step runs after its backward; the stacks that use it replay them there (stacks/*.toml [optimizers]
     lazy_states). NB: DeepSpeed's ZeRO makes them at initialize (stage_1_and_2.py initialize_optimizer_states): kept
-    resident."""
+    resident.
+    A distributed trace (trace/distributed.py `wrapped_at`) is replayed from its wrapped model on: the storages made
+    and freed before it (the unsharded parameters the wrapper replaced by shards, the construction's temporaries)
+    were built on the host, not on the GPU. NB: fully_shard holds one unit's unsharded parameters on the device while
+    it shards them (torch 2.13 _fsdp_init.py:369-401), accelerate's efficient loading one parameter at a time
+    (accelerate 1.16 utils/fsdp_utils.py:633-643); left out, so required can read low by the cache they leave, and
+    reserved either way (Llama-3.1-8B dp 8 ZeRO-3 with them put back at the start of their unit's fully_shard:
+    required 30.98 GiB against 30.81, reserved 36.26 against 36.43)."""
     from .recorder import OPTIMIZER_STATE
 
     lazy_at = None
     if setup.mode in ("train", "rl") and setup.stack_facts.fact("optimizers", "lazy_states"):
         lazy_at = next((e for e, name in rec.phase_marks if name == "optimizer" and e >= rec.step_start), None)
-    return dict(records=rec.records, start=rec.step_start, end=rec.stop, lazy=lambda r: r.cat == OPTIMIZER_STATE,
+    records = rec.records
+    wrapped_at = getattr(rec, "wrapped_at", None)
+    if wrapped_at is not None:
+        records = [r for r in records if r.death is None or r.death >= wrapped_at]
+    return dict(records=records, start=rec.step_start, end=rec.stop, lazy=lambda r: r.cat == OPTIMIZER_STATE,
                 lazy_at=lazy_at)
 
 
