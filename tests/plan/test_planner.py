@@ -274,3 +274,11 @@ def test_reserve_is_the_only_margin(cli):
     assert not search(spec, gpu, replace(q, reserve=1.0, knobs=())).candidates
     code, out, err = cli("plan", "llama-3.2-1b", "--gpu", "RTX-4090", "--margin", "0.05")
     assert code == 2 and "--reserve" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_fixed_tp_is_checked_at_the_querys_seq(cli):
+    """gpt2 has 1024 learned positions (its config.json n_positions), so --seq 1024 fits it whatever --tp; the
+    fixed-axis check judged --tp 1 at the default --seq 2048 and refused ('--seq 2048 needs 2048'), which also broke
+    --emit deepspeed's re-search of gpt2 (it fixes tp 1)."""
+    code, _, err = cli("plan", "gpt2", "--gpu", "L4", "--gpus", "1", "--seq", "1024", "--tp", "1", "--top", "1")
+    assert code == 0, err

@@ -252,7 +252,7 @@ def check_fixed_axes(spec: ModelSpec, gpu: GPU, q: PlanQuery) -> None:
     """A fixed --tp or --pp the model or the node cannot take is the user's error, said in one line (the estimate's
     own layout check, analytic.layout.validate_layout), not an empty search."""
     if q.tp is not None:
-        validate_layout(spec, Setup(tp=q.tp))
+        validate_layout(spec, Setup(tp=q.tp, seq=q.seq))  # (at the query's --seq: a learned position table)
         if q.tp > gpu.gpus_per_node:
             raise SetupError(f"--tp {q.tp}: tensor parallelism stays inside a node, of {gpu.gpus_per_node} "
                              f"{gpu.name}s; use --tp {gpu.gpus_per_node} or less")
