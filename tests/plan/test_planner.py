@@ -189,7 +189,10 @@ def test_emit_says_the_budget_and_the_verify_it_ran(cli):
     """--emit prints the config on stdout and the plan on stderr: with --tokens (and --price) the plan's line carries
     the budget the table would show (time, GPU-hours, cost), and --verify's trace of the emitted plan is printed, not
     run and dropped; the config itself is the same."""
-    args = ("plan", "gpt2", "--gpu", "L4", "--gpus", "1", "--seq", "1024", "--top", "1", "--emit", "deepspeed")
+    # (accelerate's config runs the hf stack's autocast step, the table's plan at --precision amp-bf16: --verify
+    # traces it)
+    args = ("plan", "gpt2", "--gpu", "L4", "--gpus", "1", "--seq", "1024", "--top", "1", "--precision", "amp-bf16",
+            "--emit", "accelerate")
     code, plain, err = cli(*args)
     assert code == 0 and "tokens in" not in err and "verify" not in err
     code, out, err = cli(*args, "--tokens", "1B", "--price", "2")

@@ -21,15 +21,21 @@ ENGINES = ("deepspeed", "accelerate", "torchtitan", "torchrun", "megatron")
 
 
 def _writer(engine: str):
-    """The engine's writer module, emit_<engine>.py: its supports(s), PRECISIONS and write(...)."""
+    """The engine's writer module, emit_<engine>.py: STACK (the stack whose step its config runs), its supports(s),
+    PRECISIONS and write(...)."""
     if engine not in ENGINES:
         raise SetupError(f"--emit {engine!r} is not one of: {', '.join(ENGINES)}")
     return import_module(f"{__package__}.emit_{engine}")
 
 
 def supports(engine: str, s: Setup) -> str | None:
-    """None when `engine` can run setup `s`, else why not (one line)."""
-    return _writer(engine).supports(s)
+    """None when `engine` can run setup `s`, else why not (one line). The config runs its stack's step (the
+    writer's STACK): a plan of another stack's step (its memory and time) is not what it runs, whatever the settings
+    they share."""
+    w = _writer(engine)
+    if s.stack != w.STACK:
+        return f"the plan models the {s.stack} stack's step (its memory and time); plan with --stack {w.STACK}"
+    return w.supports(s)
 
 
 def precisions_for(engine: str) -> tuple[str, ...]:
@@ -56,9 +62,10 @@ def runnable_query(engine: str, q) -> dict:
     Megatron-LM's."""
     allowed = tuple(p for p in (q.precisions or ()) if p in precisions_for(engine)) or precisions_for(engine)[:1]
     flat = engine in ("deepspeed", "accelerate")  # data-parallel only
-    # the stack whose own step the engine runs (its options, recomputes and ZeRO stages): torchtitan's job config
-    # and command line, Megatron-LM's command line
-    own = {"torchtitan": "torchtitan", "torchrun": "torchtitan", "megatron": "megatron"}.get(engine)
+    # the stack whose own step the engine runs (its options, recomputes and ZeRO stages) is searched: torchtitan's
+    # job config and command line, Megatron-LM's command line; DeepSpeed's JSON and accelerate's YAML keep to the
+    # recomputes and ZeRO stages they hold
+    own = not flat
     recs = None if own and q.recomputes is None else tuple(r for r in (q.recomputes or ("none", "full"))
                                                            if not flat or r in ("none", "full")) or ("none",)
     zeros = None if own else tuple(z for z in (q.zeros or (0, 1, 2, 3))
@@ -67,7 +74,7 @@ def runnable_query(engine: str, q) -> dict:
     # (stacks/deepspeed_config.py), accelerate's and torchtitan's FSDP2 CPU offload of the parameters
     held = {"deepspeed": ("ulysses", "offload-states")}.get(engine, ("offload-states",))
     return dict(precisions=allowed, tp=1 if flat else q.tp, pp=1 if flat else q.pp, recomputes=recs, zeros=zeros,
-                stacks=(own or "hf",), knobs=held)
+                stacks=(_writer(engine).STACK,), knobs=held)
 
 
 

@@ -7,6 +7,8 @@ import json
 from ..setup import Setup
 from ..spec import ModelSpec
 
+# the stack whose step the config runs (stacks/hf.toml: HF Trainer / accelerate, FSDP2)
+STACK = "hf"
 PRECISIONS = ("amp-bf16", "amp-fp16", "fp32")
 # HF decoder-layer classes for accelerate's TRANSFORMER_BASED_WRAP, by config model_type
 LAYER_CLASS = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer", "mixtral": "MixtralDecoderLayer",

@@ -6,6 +6,8 @@ import json
 from ..setup import Setup
 from ..spec import ModelSpec
 
+# the stack whose step the config runs (stacks/deepspeed.toml: DeepSpeed's ZeRO engine wrapping the HF model)
+STACK = "deepspeed"
 PRECISIONS = ("bf16-master", "fp16-master", "fp32")  # DeepSpeed's bf16/fp16 modes: 16-bit weights, fp32 masters
 
 

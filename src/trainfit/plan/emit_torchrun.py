@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..setup import Setup
 from ..spec import ModelSpec
 # torchtitan's rules (supports): the command line runs torchtitan's step, as the job config does
-from .emit_torchtitan import PRECISIONS, supports, torchtitan_sections  # noqa: F401
+from .emit_torchtitan import PRECISIONS, STACK, supports, torchtitan_sections  # noqa: F401
 
 
 def write(s: Setup, spec: ModelSpec, gpus_per_node: int, tokens: float | None = None) -> str:

@@ -13,16 +13,14 @@ from ..spec import ModelSpec
 from ..stacks import get_stack
 
 
+# the stack whose step the job config (and the torchrun line) runs
+STACK = "torchtitan"
 PRECISIONS = get_stack("torchtitan").precisions  # the job config's training.dtype / mixed_precision_param
 
 
 def supports(s: Setup) -> str | None:
-    """None when torchtitan (its job config, or the torchrun command line) runs plan `s`, else why not."""
-    # the job config and the torchrun line run torchtitan's step: a plan of another stack's step (its memory and
-    # time) is not what they run, whatever the settings they share
-    if s.stack != "torchtitan":
-        return (f"the plan models the {s.stack} stack's step (its memory and time); plan with --stack "
-                "torchtitan")
+    """None when torchtitan (its job config, or the torchrun command line) runs plan `s` of the torchtitan stack
+    (emit.supports holds the plan to it), else why not."""
     why = get_stack("torchtitan").runs_layout(s.dp, s.tp, s.pp, s.zero, s.precision)
     if why:
         return why

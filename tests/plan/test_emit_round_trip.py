@@ -1,0 +1,59 @@
+"""`trainfit plan --emit X`: the config written is the setup the plan estimated. Each config is read back with its
+stack's own parser (DeepSpeed's DeepSpeedConfig, accelerate's load_config_from_file: trainfit.readers) and the plan
+printed on stderr is held to what that file runs."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from trainfit.api import load_gpu, load_spec
+from trainfit.engines import analytic
+from trainfit.readers import read
+
+GiB = 2**30
+
+
+def _plan_line(err: str) -> tuple[str, float, float]:
+    """(stack, tokens/s, peak GiB) of the `plan: ...` line --emit prints on stderr."""
+    line = next(x for x in err.splitlines() if x.startswith("plan:"))
+    m = re.search(r"stack (\S+?)(?: --[^:]*)?: ([\d,]+) tokens/s, peak ([\d.]+) GiB", line)
+    return m.group(1), float(m.group(2).replace(",", "")), float(m.group(3))
+
+
+@pytest.mark.parametrize("engine,ext,runs", [("deepspeed", ".json", "deepspeed"), ("accelerate", ".yaml", "hf")])
+def test_emitted_config_runs_the_stack_the_plan_estimated(cli, tmp_path, engine, ext, runs):
+    """A DeepSpeed JSON runs DeepSpeed's ZeRO engine (the deepspeed stack), an accelerate FSDP YAML the HF
+    Trainer / accelerate step (the hf stack). Before: --emit deepspeed emitted the hf stack's plan (llama-3.1-8b on
+    8 H100s: ZeRO-3 micro-batch 3, 'stack hf: 74,871 tokens/s, peak 61.2 GiB') as a DeepSpeed config whose own run
+    the deepspeed stack estimates at 62.6 GiB and 75,943 tokens/s; and the re-search for a plan DeepSpeed holds
+    searched the hf stack (--stack deepspeed --seq 131072: 'stack hf --ulysses 8: 20,647 tokens/s', where the
+    deepspeed stack's Ulysses plan runs 12,421)."""
+    other = {"deepspeed": "hf", "accelerate": "deepspeed"}[engine]  # a plan of the stack the file does not run
+    code, out, err = cli("plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--gpus", "8", "--stack", other,
+                         "--emit", engine)
+    assert code == 0, err
+    stack, tps, peak = _plan_line(err)
+    assert stack == runs
+    path = tmp_path / f"job{ext}"
+    path.write_text(out)
+    r = read(path)  # DeepSpeedConfig / load_config_from_file parse it
+    assert r.values["stack"] == runs
+    assert f"cannot run on {engine} (the plan models the {other} stack's step" in " ".join(err.split())
+    if engine == "deepspeed":  # (the file holds the whole batch: the plan's estimate is the file's run's)
+        spec = load_spec("llama-3.1-8b")
+        from trainfit.cli.check import request_of
+
+        req, _ = request_of([r], "llama-3.1-8b", "H100-80GB", None)
+        e = analytic(spec, req.setup(spec), load_gpu("H100-80GB"))
+        assert e.memory.peak / GiB == pytest.approx(peak, abs=0.05)
+        assert e.time.tokens_per_second == pytest.approx(tps, abs=1)
+
+
+def test_deepspeed_ulysses_plan_is_the_deepspeed_stacks(cli):
+    code, out, err = cli("plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--gpus", "8", "--seq", "131072", "--stack",
+                         "deepspeed", "--emit", "deepspeed")
+    assert code == 0, err
+    assert _plan_line(err)[0] == "deepspeed" and json.loads(out)["sequence_parallel_size"] > 1
+
