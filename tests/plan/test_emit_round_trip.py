@@ -57,3 +57,35 @@ def test_deepspeed_ulysses_plan_is_the_deepspeed_stacks(cli):
     assert code == 0, err
     assert _plan_line(err)[0] == "deepspeed" and json.loads(out)["sequence_parallel_size"] > 1
 
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_torchtitan_context_parallel_job_shards_as_planned(tmp_path, zero):
+    """torchtitan applies FSDP over dp_shard × cp whenever cp > 1, dp_shard 1 included (0.2.2
+    distributed/parallel_dims.py:333-335 fsdp_enabled; models/llama3/infra/parallelize.py:125), resharding after the
+    forward by fsdp_reshard_after_forward (:319-327). Before: a plan of dp 1 × cp 8 ZeRO-3 (llama-3.1-8b, --seq
+    131072 on 8 H100s) was read back by `trainfit check` as ZeRO-0 and refused ('--cp 8 with --zero 0'); and its
+    ZeRO-2 form left fsdp_reshard_after_forward out, so torchtitan ran "default" (resharded: ZeRO-3)."""
+    titan = pytest.importorskip("torchtitan")  # noqa: F841
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    from trainfit.cli.check import request_of
+    from trainfit.plan import emit
+    from trainfit.setup import Request
+
+    spec = load_spec("llama-3.1-8b")
+    s = Request(model="llama-3.1-8b", stack="torchtitan", precision="amp-bf16", seq=131072, dp=1, cp=8, zero=zero,
+                recompute="op").setup(spec)
+    path = tmp_path / "job.toml"
+    path.write_text(emit.emit("torchtitan", s, spec, 8))
+    cfg = ConfigManager().parse_args(["--job.config_file", str(path)])
+    p = cfg.parallelism
+    dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+                        cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+                        ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=8)
+    assert dims.fsdp_enabled
+    resharded = {"always": True, "never": False, "default": not dims.pp_enabled}[p.fsdp_reshard_after_forward]
+    assert (3 if resharded else 2) == zero
+    req, _ = request_of([read(path)], None, "H100-80GB", None)
+    got = req.setup(spec)
+    assert (got.dp, got.cp, got.zero) == (1, 8, zero)

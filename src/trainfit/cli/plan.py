@@ -250,7 +250,8 @@ def _emit(engine, spec, g, q, result, budget_tokens, verify: bool = False) -> No
                        f"runs (on the {pick.setup.stack} stack, {pick.time.tokens_per_second:,.0f} tokens/s)", err=True)
     s = pick.setup
     experts = (f", ep {s.ep}" if s.ep > 1 else "") + (f", etp {s.etp}" if s.etp is not None else "")
-    typer.echo(f"plan: dp {s.dp} × tp {s.tp} × pp {s.pp}{experts}, ZeRO-{s.zero}, micro-batch {s.batch} × accumulation "
+    cp = f" × cp {s.cp}" if s.cp > 1 else ""  # (world = dp × tp × pp × cp)
+    typer.echo(f"plan: dp {s.dp} × tp {s.tp} × pp {s.pp}{cp}{experts}, ZeRO-{s.zero}, micro-batch {s.batch} × accumulation "
                f"{s.grad_accum}, {s.recompute} recompute, {s.precision}, stack {s.stack}"
                f"{(' ' + knobs.setup_flags(s)) if knobs.setup_flags(s) else ''}: "
                f"{pick.time.tokens_per_second:,.0f} tokens/s, peak {pick.peak / 2**30:.1f} GiB"

@@ -120,7 +120,7 @@ def torchtitan_sections(s: Setup, spec: ModelSpec, tokens: float | None = None, 
         parallelism["enable_async_tensor_parallel"] = True
     if s.ep > 1:  # the routed experts over ep ranks borrowed from dp_shard (× tp with etp 1): parallel_dims.py:136-158
         parallelism.update(expert_parallel_degree=s.ep, expert_tensor_parallel_degree=s.expert_tp)
-    if shard > 1:
+    if s.zero >= 2 and (shard > 1 or s.cp > 1):  # FSDP over dp_shard × cp (parallel_dims.py:333-335 fsdp_enabled)
         # ZeRO-3: "default" reshards every block after its forward but not [norm, output] (the stack fact
         # fsdp.reshard_last = false) — unless pipelining, where "default" means never (parallelize.py:319-327)
         parallelism["fsdp_reshard_after_forward"] = ("default" if s.pp == 1 else "always") if s.zero == 3 else "never"

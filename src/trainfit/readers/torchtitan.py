@@ -236,7 +236,10 @@ def _settings(cfg, r: Reading, keys: dict, world: int | None, dp: int | None) ->
                                   "(NB: less memory, more gather traffic than the run)")
         resharded = p.fsdp_reshard_after_forward == "always" or (p.fsdp_reshard_after_forward == "default"
                                                                   and pp == 1)  # parallelize.py:319-327
-        r.set("zero", (3 if resharded else 2) if shard > 1 else 0, "parallelism.fsdp_reshard_after_forward")
+        # FSDP shards over dp_shard × cp, on whenever either is > 1 (distributed/parallel_dims.py:333-335
+        # fsdp_enabled; models/llama3/infra/parallelize.py:125)
+        fsdp = shard > 1 or cp > 1
+        r.set("zero", (3 if resharded else 2) if fsdp else 0, "parallelism.fsdp_reshard_after_forward")
     r.set("tp", tp, "parallelism.tensor_parallel_degree")
     if tp > 1:  # torchtitan's TP is sequence-parallel (models/llama3/infra/parallelize.py:161-240 apply_tp: the
         # blocks' input and output Shard(1), the norms SequenceParallel)
