@@ -89,3 +89,35 @@ def test_torchtitan_context_parallel_job_shards_as_planned(tmp_path, zero):
     req, _ = request_of([read(path)], None, "H100-80GB", None)
     got = req.setup(spec)
     assert (got.dp, got.cp, got.zero) == (1, 8, zero)
+
+
+@pytest.mark.parametrize("dp,zero", [(8, 0), (1, 0), (8, 3)])
+def test_accelerate_config_and_its_trainer_settings_give_the_plan(tmp_path, dp, zero):
+    """accelerate's config holds no micro-batch, accumulation or (without FSDP) checkpointing: the emitted header names
+    them as TrainingArguments. Those settings, written as the TrainingArguments file they name and read with the YAML
+    (accelerate's load_config_from_file, transformers' TrainingArguments: trainfit.readers), give back the plan's
+    setup. Before: a DDP plan with full recompute (dp 8, ZeRO-0: distributed_type MULTI_GPU) left
+    gradient_checkpointing out of the header (it was said at dp 1 only), so the run kept every activation."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from trainfit.cli.check import request_of
+    from trainfit.plan import emit
+    from trainfit.setup import Request
+
+    spec = load_spec("llama-3.1-8b")
+    s = Request(model="llama-3.1-8b", stack="hf", precision="amp-bf16", batch=3, grad_accum=2, dp=dp, zero=zero,
+                recompute="full").setup(spec)
+    text = emit.emit("accelerate", s, spec, 8)
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(text)
+    cfg = load_config_from_file(str(path))
+    assert bool(cfg.fsdp_config) == (zero == 3)  # only FSDP's block has a checkpointing key
+    said = next(x for x in text.splitlines() if x.startswith("# set these"))
+    args = {"output_dir": "out", "bf16": True,
+            **{k: json.loads(v.lower()) for k, v in re.findall(r"(\w+)=(\w+)", said)}}
+    targs = tmp_path / "train_args.json"
+    targs.write_text(json.dumps(args))
+    req, _ = request_of([read(path), read(targs)], "llama-3.1-8b", "H100-80GB", None)
+    got = req.setup(spec)
+    for f in ("batch", "grad_accum", "dp", "zero", "recompute", "precision", "stack"):
+        assert getattr(got, f) == getattr(s, f), f

@@ -86,7 +86,8 @@ def accelerate(s: Setup, spec: ModelSpec, gpus_per_node: int) -> str:
     head = (f"# trainfit plan for {spec.name}: micro-batch {s.batch}, gradient accumulation {s.grad_accum}, dp {s.dp}\n"
             f"# set these in your script / TrainingArguments: per_device_train_batch_size={s.batch}, "
             f"gradient_accumulation_steps={s.grad_accum}"
-            + (", gradient_checkpointing=True" if s.recompute == "full" and s.dp == 1 else "") + "\n")
+            # (under FSDP fsdp_activation_checkpointing holds it; a DDP or one-GPU config has no key for it)
+            + (", gradient_checkpointing=True" if s.recompute == "full" and "fsdp_config" not in cfg else "") + "\n")
     return head + _yaml(cfg) + "\n"
 
 

@@ -70,6 +70,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         r.set("fsdp_version", int(fsdp.get("fsdp_version", 1)), "fsdp_config.fsdp_version")
     if fsdp.get("fsdp_activation_checkpointing"):
         r.set("recompute", "full", "fsdp_activation_checkpointing")
+        r.together.append(lambda readings: _trainer_keeps_fsdp_checkpoints(r, readings))
     if fsdp.get("fsdp_offload_params"):
         r.set("offload", "params", "fsdp_offload_params")
     _top_keys(r, cfg, dist)
@@ -84,6 +85,16 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         else:
             r.unknown.append(f"fsdp_config.{k}")
     return r
+
+
+def _trainer_keeps_fsdp_checkpoints(r: Reading, readings: list) -> None:
+    """TrainingArguments (or a trainer config: a reading with `fills`) read with this FSDP config: their
+    gradient_checkpointing false, the default, leaves FSDP's own activation checkpointing on (the Trainer takes the
+    FSDP plugin `accelerate launch` builds from this file, and refuses only both on: transformers 5.24
+    trainer.py:878-884), so their recompute 'none' is no second policy: this file's decides."""
+    for o in readings:
+        if o is not r and o.fills and o.values.get("recompute") == "none":
+            o.values.pop("recompute")
 
 
 DS_NO_EFFECT = ("zero3_save_16bit_model", "deepspeed_multinode_launcher", "deepspeed_hostfile",
