@@ -121,3 +121,17 @@ def test_accelerate_config_and_its_trainer_settings_give_the_plan(tmp_path, dp, 
     got = req.setup(spec)
     for f in ("batch", "grad_accum", "dp", "zero", "recompute", "precision", "stack"):
         assert getattr(got, f) == getattr(s, f), f
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--gpus", "8", "--emit", "vllm"), "--emit vllm prints a serving command: add --mode serve"),
+    (("--gpus", "8", "--emit", "sglang"), "--emit sglang prints a serving command: add --mode serve"),
+    (("--gpus", "8", "--emit", "nope"), "--emit 'nope' is not one of: deepspeed, accelerate"),
+    (("--mode", "serve", "--concurrency", "8", "--emit", "deepspeed"), "plan --mode serve emits a serving command"),
+    (("--mode", "serve", "--concurrency", "8", "--emit", "nope"), "plan --mode serve emits a serving command"),
+])
+def test_emit_values_of_the_other_mode_are_said_in_one_line(cli, args, says):
+    """Before: --emit vllm under --mode train was 'not one of: deepspeed, ...' (no word of --mode serve), and
+    --mode serve --emit deepspeed was '--server vllm emits vllm', as if the server were wrong."""
+    code, out, err = cli("plan", "llama-3.1-8b", "--gpu", "H100-80GB", *args)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1 and says in err, err

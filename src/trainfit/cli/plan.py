@@ -158,6 +158,9 @@ def plan(
         raise SetupError("--batch-tolerance is the deviation allowed from --global-batch-tokens: add it, or drop "
                          "--batch-tolerance")
     budget_tokens = parse_count(tokens, "--tokens") if tokens is not None else None
+    if emit in serving_versions.ENGINES:  # (a serving engine's command: plan --mode serve writes it)
+        raise SetupError(f"--emit {emit} prints a serving command: add --mode serve (with --concurrency or "
+                         f"--request-rate); training launch configs: --emit {', '.join(ENGINES)}")
     if emit is not None and emit not in ENGINES:
         raise SetupError(f"--emit {emit!r} is not one of: {', '.join(ENGINES)}")
     if emit is not None and json:
@@ -326,6 +329,10 @@ def _check_serve_outputs(tpot_ms, emit, json, server) -> None:
     --json."""
     if tpot_ms is not None and not tpot_ms > 0:
         raise SetupError(f"--tpot-ms must be a positive number of milliseconds, got {tpot_ms}")
+    if emit is not None and emit not in serving_versions.ENGINES:  # (a training launch config: --mode train's)
+        raise SetupError(f"--emit {emit!r}: plan --mode serve emits a serving command, "
+                         f"{' or '.join(serving_versions.ENGINES)} (the --server it plans); training launch configs "
+                         "come from --mode train")
     if emit is not None and emit != serving_versions.engine_of(server):
         raise SetupError(f"--emit {emit!r}: plan --mode serve --server {server} emits "
                          f"{serving_versions.engine_of(server)}")
