@@ -135,3 +135,30 @@ def test_emit_values_of_the_other_mode_are_said_in_one_line(cli, args, says):
     --mode serve --emit deepspeed was '--server vllm emits vllm', as if the server were wrong."""
     code, out, err = cli("plan", "llama-3.1-8b", "--gpu", "H100-80GB", *args)
     assert code == 2 and not out and len(err.strip().splitlines()) == 1 and says in err, err
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adam", "lion", "sgd", "momentum"])
+def test_an_offloaded_deepspeed_config_has_the_optimizer_deepspeed_builds_on_the_host(tmp_path, optimizer):
+    """ZeRO-Offload refuses a client optimizer (deepspeed 0.19.8 runtime/engine.py:2342-2346: the HF Trainer's own
+    AdamW, where the config has no "optimizer" block) and builds its CPU optimizer from the block (:2385-2386,
+    :2505-2508): the emitted config had none, so DeepSpeed refused it under the HF Trainer. Now the block names the
+    plan's optimizer with "auto" hyper-parameters, which the HF Trainer's own DeepSpeed integration fills from its
+    TrainingArguments (none left "auto"), and check reads the plan's --optimizer back from it. Without offload the
+    config keeps no block (the client optimizer: the deepspeed stack's step)."""
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    from trainfit.plan.emit_deepspeed import deepspeed
+    from trainfit.setup import Setup
+
+    s = Setup(stack="deepspeed", dp=8, zero=3, precision="bf16-master", recompute="full", optimizer=optimizer,
+              offload="optimizer", batch=2)
+    cfg = deepspeed(s)
+    assert "optimizer" not in deepspeed(s.with_(offload="none"))
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(cfg))
+    assert read(path).values["optimizer"] == optimizer  # DeepSpeedConfig parses it; the type read back
+    hf = HfTrainerDeepSpeedConfig(json.loads(json.dumps(cfg)))
+    hf.trainer_config_process(TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2,
+                                                 gradient_accumulation_steps=1, bf16=False))
+    assert "auto" not in json.dumps(hf.config["optimizer"])

@@ -345,15 +345,22 @@ def test_megatron_without_the_world_size_says_so(tmp_path, launch, dp, noted):
     assert any(x.startswith("data-parallel size") for x in r.not_modelled) == noted, r.not_modelled
 
 
-def test_a_deepspeed_optimizer_block_is_listed_as_changing_memory_not_as_without_effect(tmp_path):
+def test_a_deepspeed_optimizer_block_is_read_or_listed_as_changing_memory(tmp_path):
     """DeepSpeed builds the optimizer its block names (runtime/engine.py _configure_basic_optimizer): Lion keeps one
-    state where AdamW keeps two, so the block moves the optimizer states; it was listed under 'no effect'."""
-    path = tmp_path / "ds.json"
-    path.write_text('{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": '
-                    '{"stage": 2, "allgather_partitions": true}, "bf16": {"enabled": true}, "optimizer": {"type": '
-                    '"Lion", "params": {"lr": 1e-4}}, "zero_allow_untested_optimizer": true}')
-    r = read(path, 8)
-    assert "optimizer" not in r.no_effect
+    state where AdamW keeps two, so the block moves the optimizer states (it was listed under 'no effect'). A type
+    trainfit builds is read as its --optimizer (Lion: engine.py:2505-2508); one it does not (Lamb: FusedLamb,
+    :2501-2503) is listed as changing the optimizer states."""
+    def reading(kind: str):
+        path = tmp_path / f"{kind}.json"
+        path.write_text('{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": '
+                        '{"stage": 2, "allgather_partitions": true}, "bf16": {"enabled": true}, "optimizer": {"type": '
+                        f'"{kind}", "params": {{"lr": 1e-4}}}}, "zero_allow_untested_optimizer": true}}')
+        return read(path, 8)
+
+    r = reading("Lion")
+    assert r.values["optimizer"] == "lion" and not any(n.startswith("optimizer = ") for n in r.not_modelled)
+    r = reading("Lamb")
+    assert "optimizer" not in r.no_effect and "optimizer" not in r.values
     assert any(n.startswith("optimizer = ") and "optimizer states" in n for n in r.not_modelled)
     # DeepSpeedZeroConfig's allgather_partitions (a real key: not unknown); the untested-optimizer switch: no effect
     assert not r.unknown and "zero_allow_untested_optimizer" in r.no_effect

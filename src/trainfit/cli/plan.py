@@ -235,7 +235,7 @@ def _emit(engine, spec, g, q, result, budget_tokens, verify: bool = False) -> No
 
     from ..plan import knobs
     from ..plan.emit import emit as write
-    from ..plan.emit import runnable_query, supports
+    from ..plan.emit import caveats, runnable_query, supports
     from ..plan.search import search
 
     pick = next((c for c in result.candidates if supports(engine, c.setup) is None), None)
@@ -263,7 +263,7 @@ def _emit(engine, spec, g, q, result, budget_tokens, verify: bool = False) -> No
         v = getattr(pick, "verify", None)
         typer.echo("verify: " + (report.verify_words(v) if v else "not traced (--verify traces the table's plans; "
                                  f"{engine} runs none of them)"), err=True)
-    for note in result.notes:  # (the plans' caveats, as the table prints them)
+    for note in (*result.notes, *caveats(engine, s)):  # (the plans' caveats, as the table prints them; the config's)
         typer.echo(f"· {note}", err=True)
     typer.echo(write(engine, s, spec, g.gpus_per_node, budget_tokens), nl=False)
 

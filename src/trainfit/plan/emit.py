@@ -78,6 +78,11 @@ def runnable_query(engine: str, q) -> dict:
 
 
 
+def caveats(engine: str, s: Setup) -> list[str]:
+    """What the user must know to run `engine`'s config of `s` as planned (a writer's `caveats`, where it has one)."""
+    return getattr(_writer(engine), "caveats", lambda _: [])(s)
+
+
 def emit(engine: str, s: Setup, spec: ModelSpec, gpus_per_node: int, tokens: float | None = None) -> str:
     why = supports(engine, s)
     if why:

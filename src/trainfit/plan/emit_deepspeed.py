@@ -15,6 +15,8 @@ def supports(s: Setup) -> str | None:
     """None when DeepSpeed's config can run plan `s`, else why not (one line)."""
     if s.tp > 1 or s.pp > 1:
         return "DeepSpeed's JSON config has no tensor/pipeline layout (that needs Megatron-DeepSpeed code)"
+    if s.offload_state != "none" and s.optimizer not in OFFLOAD_OPTIMIZER:
+        return f"ZeRO-Offload's optimizer is built from the config: {s.optimizer} is none DeepSpeed builds there"
     if s.precision not in PRECISIONS:
         return f"DeepSpeed's bf16/fp16 modes keep 16-bit weights with fp32 masters, not {s.precision}"
     if s.recompute == "selective":
@@ -26,11 +28,40 @@ def supports(s: Setup) -> str | None:
     return None
 
 
+# ZeRO-Offload's optimizer, built by DeepSpeed from the config's "optimizer" block (deepspeed 0.19.8 runtime/engine.py
+# _configure_basic_optimizer): adam / adamw as DeepSpeedCPUAdam (:2385-2386; "Adam" runs AdamW's decoupled decay
+# unless adam_w_mode is false, :2487-2490), lion as DeepSpeedCPULion (:2505-2508), another name torch.optim's class of
+# that name (:2548). A client optimizer (the HF Trainer's own AdamW, where the block is absent) is refused under
+# offload (:2342-2346, zero_force_ds_cpu_optimizer true by default). The analytic engine prices DeepSpeed's CPU
+# optimizer (parallel/deepspeed_offload.py). Its hyper-parameters are "auto": the HF Trainer fills them from its
+# TrainingArguments (transformers 5.24 integrations/deepspeed.py:163-170); they are the user's, not trainfit's.
+OFFLOAD_OPTIMIZER = {"adam": ("Adam", ("lr", "betas", "eps", "weight_decay")),
+                     "adamw": ("AdamW", ("lr", "betas", "eps", "weight_decay")),
+                     "lion": ("Lion", ("lr", "betas", "weight_decay")),
+                     "sgd": ("SGD", ("lr", "weight_decay")), "momentum": ("SGD", ("lr", "weight_decay"))}
+MOMENTUM = 0.9  # trainfit's --optimizer momentum (SGD with momentum: a state per parameter)
+
+
 def deepspeed(s: Setup) -> dict:
-    """DeepSpeed config JSON (trainfit.stacks.deepspeed_config, shared with the measure engine's DeepSpeed step)."""
+    """DeepSpeed config JSON (trainfit.stacks.deepspeed_config, shared with the measure engine's DeepSpeed step), with
+    the optimizer block ZeRO-Offload needs (OFFLOAD_OPTIMIZER)."""
     from ..stacks.deepspeed_config import ds_config
 
-    return ds_config(s)
+    cfg = ds_config(s)
+    if s.offload_state in ("optimizer", "params"):
+        name, auto = OFFLOAD_OPTIMIZER[s.optimizer]
+        params = {k: "auto" for k in auto} | ({"momentum": MOMENTUM} if s.optimizer == "momentum" else {})
+        cfg["optimizer"] = {"type": name, "params": params}
+    return cfg
+
+
+def caveats(s: Setup) -> list[str]:
+    """What the user must know to run the config as planned (printed beside it)."""
+    if "optimizer" not in deepspeed(s):
+        return []
+    return ["the optimizer block (ZeRO-Offload runs DeepSpeed's own optimizer on the host) leaves its learning rate, "
+            "betas, eps and weight decay \"auto\": the HF Trainer fills them (--deepspeed ds.json); with "
+            "deepspeed.initialize alone, write your values in"]
 
 
 def write(s: Setup, spec: ModelSpec, gpus_per_node: int, tokens: float | None = None) -> str:

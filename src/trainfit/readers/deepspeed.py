@@ -29,10 +29,14 @@ EFFECT = {"wall_clock_breakdown": "more time when true: synchronised timers",
           "compression_training": "memory and time", "sparse_attention": "memory and time",
           "pipeline": "memory and time: DeepSpeed's pipeline engine",
           "zero_force_ds_cpu_optimizer": "time: the CPU optimizer", "aio": "time of NVMe offload",
-          # the optimizer DeepSpeed builds (runtime/engine.py:2476 _configure_basic_optimizer): its type sets the
-          # states' bytes (Lion or SGD momentum one state, Adam/AdamW two); trainfit takes --optimizer
+          # the optimizer DeepSpeed builds (runtime/engine.py:2476 _configure_basic_optimizer) of a type trainfit
+          # has no --optimizer for (OPTIMIZERS reads the others): its type sets the states' bytes
           "optimizer": "memory: its type sets the optimizer states; trainfit counts --optimizer's (adamw by "
                        "default)"}
+# the "optimizer" block's types (DeepSpeedConfig lower-cases DeepSpeed's own: config.py:518-520) as trainfit's
+# --optimizer: DeepSpeed's Adam/AdamW (FusedAdam, or DeepSpeedCPUAdam under offload: engine.py:2385-2386) and Lion
+# (:2505-2508), torch.optim's SGD (:2548), with momentum trainfit's momentum (plan/emit_deepspeed.py writes them)
+OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "lion": "lion", "SGD": "sgd"}
 WHEN_TRUE = ("wall_clock_breakdown", "memory_breakdown")  # switches with an effect only when on
 ZERO_NO_EFFECT = ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
                   "round_robin_gradients", "load_from_fp32_weights", "elastic_checkpoint")
@@ -80,7 +84,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     _settings(cfg, raw, r, auto)
     facts = get_stack("deepspeed")
     for k, v in raw.items():
-        if k in MAPPED or v == "auto":
+        if k in MAPPED or v == "auto" or (k == "optimizer" and "optimizer" in r.values):  # (_settings read its type)
             continue
         if k in NO_EFFECT or (k in WHEN_TRUE and not v):
             r.skip(k, v, "no effect on a step's memory or time")
@@ -214,6 +218,7 @@ MAPPED = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumu
           "bf16", "bfloat16", "fp16", "zero_optimization", "activation_checkpointing", "sequence_parallel_size")
 
 
+
 def _config_class(source: str):
     """deepspeed.runtime.config.DeepSpeedConfig, imported quietly: importing deepspeed detects the accelerator and
     logs "Setting accelerator to CPU" through its logger, whose handler writes to stdout (deepspeed/utils/logging.py
@@ -291,6 +296,10 @@ def _settings(cfg, raw: dict, r: Reading, auto: list) -> None:
     par = getattr(z.offload_param, "device", None) if z.offload_param else None
     opt, par = (str(getattr(x, "value", x)) if x is not None else "none" for x in (opt, par))
     read_offload(r, opt, par, "zero_optimization.offload_optimizer", "zero_optimization.offload_param")
+    name = cfg.optimizer_name
+    if name in OPTIMIZERS:
+        momentum = (cfg.optimizer_params or {}).get("momentum", 0)
+        r.set("optimizer", "momentum" if name == "SGD" and momentum else OPTIMIZERS[name], "optimizer.type")
     if "activation_checkpointing" in raw:  # DeepSpeed's checkpointing API (the model must call it: HF
         # gradient_checkpointing=True): every layer recomputed, as the writer emits it
         r.set("recompute", "full", "activation_checkpointing")
