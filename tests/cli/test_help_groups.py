@@ -162,3 +162,20 @@ def test_plan_stack_help_says_what_each_stack_searches():
         for axis in d["axes"]:
             assert axis.replace("_", "-") in said, (stack, axis, said)
     assert "ZeRO 0/1" not in text
+
+
+def test_an_fp32_model_serves_with_its_own_kv_dtype(capsys):
+    """vLLM and SGLang cache KV in the model's dtype under their default "auto" (vLLM config/cache.py CacheDType):
+    `estimate --mode serve --precision fp32` was refused as '--kv-cache-dtype fp32', a flag never written (and plan
+    --mode serve --precision fp32 --emit vllm likewise); the fp32 KV is sized (4 bytes per element: twice bf16's),
+    and an fp32 KV beside 16-bit weights stays refused."""
+    import json
+
+    args = ["estimate", "tiny-llama", "--mode", "serve", "--gpu", "H100-80GB", "--json"]
+    code, out = _run(capsys, [*args, "--precision", "fp32"])
+    assert code == 0, out
+    fp32 = json.loads(out)["detail"]["serving"]["kv_bytes_per_token"]
+    code, out = _run(capsys, [*args, "--precision", "bf16"])
+    assert code == 0 and fp32 == 2 * json.loads(out)["detail"]["serving"]["kv_bytes_per_token"]
+    code, out = _run(capsys, [*args, "--precision", "bf16", "--kv-dtype", "fp32"])
+    assert code == 2 and "--kv-cache-dtype fp32" in out

@@ -419,9 +419,13 @@ def _validate_serve(setup: Setup) -> None:
         raise SetupError("--mode serve models a serving engine on a GPU, not a step on this CPU (--device cpu): "
                          "`trainfit estimate --mode serve --gpu GPU` answers it, without --device cpu (an inference "
                          "step here: --mode infer)")
-    if setup.kv_dtype is not None and setup.kv_dtype not in SERVE_KV_DTYPES:
+    # (an fp32 model's own dtype is the engines' "auto" KV dtype, vLLM config/cache.py CacheDType, SGLang's
+    # --kv-cache-dtype auto: what the estimate sizes and plan --emit writes as the default, emit_vllm.py)
+    own = setup.kv_dtype == "fp32" and setup.precision == "fp32"
+    if setup.kv_dtype is not None and setup.kv_dtype not in SERVE_KV_DTYPES and not own:
         raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: {'SGLang' if sglang else 'vLLM'} "
-                         f"caches KV in {_either(SERVE_KV_DTYPES)}; choose one of those")
+                         f"caches KV in {_either(SERVE_KV_DTYPES)} (or the model's own dtype: auto); choose one of "
+                         "those")
     if sglang and setup.kv_dtype == "fp16" and setup.precision != "fp16":
         raise SetupError("--kv-cache-dtype fp16: SGLang's KV dtypes are auto (the model's), bf16 and fp8 "
                          "(sglang/srt/arg_groups/fields/model.py:197-219); use --precision fp16 or another KV dtype")
