@@ -766,3 +766,21 @@ def test_megatron_precision_aware_dtype_megatron_does_not_take_is_one_line(tmp_p
     sh.write_text(MEGATRON_DDP + "--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype int8\n")
     code, _, err = cli("check", str(sh), "--model", MODEL)
     assert code == 2 and "invalid choice: 'int8'" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_megatron_architecture_flags_are_said_as_the_models_own(tmp_path, cli):
+    """The flags that describe the model's own architecture (--normalization, --qk-layernorm, MLA's and the router's:
+    Megatron-LM arguments.py:2723-2740, transformer_config.py:622-634), which the estimate takes from --model, were
+    listed as 'not modelled (the model's norm (from the model))': said apart now, and neither unknown nor not
+    modelled. `plan --emit megatron` writes them for its model."""
+    from trainfit.readers import read
+
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON + "--normalization RMSNorm --qk-layernorm --position-embedding-type rope --swiglu "
+                  "--untie-embeddings-and-output-weights --disable-bias-linear\n")  # (llama-2-7b's shape and switches)
+    r = read(sh)
+    assert r.of_model == ["--normalization", "--qk-layernorm", "--position-embedding-type"]
+    assert not r.unknown and not any("normalization" in x or "layernorm" in x for x in r.not_modelled)
+    code, out, err = cli("check", str(sh), "--model", "llama-2-7b")
+    assert code == 0, err
+    assert "  · the model's architecture (the estimate builds llama-2-7b's own): --normalization, --qk-layernorm" in out

@@ -86,6 +86,7 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
             "unknown": [x for r in readings for x in r.unknown],
             "no_effect": [x for r in readings for x in r.no_effect],
             "warned": [x for r in readings for x in r.warned],
+            "of_model": [x for r in readings for x in r.of_model],
             "as_modelled": [x for r in readings for x in r.as_modelled]}
     if json:
         show_estimates(req, results, True, {"check": said})
@@ -97,6 +98,8 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
         typer.echo(f"  · {x}")
     if said["as_modelled"]:
         typer.echo(f"  · as the estimate sizes the engine: {', '.join(said['as_modelled'])}")
+    if said["of_model"]:
+        typer.echo(f"  · the model's architecture (the estimate builds {req.model}'s own): {', '.join(said['of_model'])}")
     if said["no_effect"]:
         typer.echo(f"  · no effect on a step's memory or time: {', '.join(said['no_effect'])}")
     if said["unknown"]:

@@ -51,22 +51,20 @@ EFFECT = {"manual-gc": "less time: no garbage-collection pauses mid-step",
           "moe-aux-loss-coeff": "no effect on memory; a little time",
           "moe-router-load-balancing-type": "time: the routing balance",
           "calculate-per-token-loss": "no effect on memory",
-          "normalization": "the model's norm (from the model)", "position-embedding-type": "the model's positions",
           "rotary-base": "no effect on memory or time", "norm-epsilon": "no effect on memory or time",
           "use-rope-scaling": "no effect on memory or time", "rope-scaling-factor": "no effect on memory or time",
-          "qk-layernorm": "the model's q/k norms (from the model)", "add-qkv-bias": "the model's biases (from the model)",
-          "moe-layer-freq": "the model's dense and MoE layers (from the model)",
-          # multi-latent attention's shape and YaRN (arguments.py:2723-2740): the model's own (from the model)
-          **{f: "the model's attention (from the model)" for f in (
-              "multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
-              "v-head-dim", "rope-type", "rotary-scaling-factor", "mscale", "mscale-all-dim")},
-          # the router's scores, expert bias and top-k scaling (transformer_config.py:622-634): the model's own
-          **{f: "the model's router (from the model)" for f in (
-              "moe-router-score-function", "moe-router-enable-expert-bias", "moe-router-topk-scaling-factor")},
           "empty-unused-memory-level": "more time, less reserved memory: the cache emptied each step",
           "fp8-amax-history-len": "a little memory: the delayed recipe's amax history per tensor", "no-masked-softmax-fusion": "more time",
           "no-bias-swiglu-fusion": "more time", "no-rope-fusion": "more time",
           "no-gradient-accumulation-fusion": "more time: separate weight-gradient accumulation"}
+# flags of the model's own architecture, which the estimate takes from --model (its config.json or catalog entry): its
+# norm, positions, q/k norms and biases, dense and MoE layers, multi-latent attention and YaRN (arguments.py:2723-2740),
+# the router's scores, expert bias and top-k scaling (transformer_config.py:622-634) — said as the model's, not as
+# settings trainfit does not model
+MODEL_FLAGS = ("normalization", "position-embedding-type", "qk-layernorm", "add-qkv-bias", "moe-layer-freq",
+               "multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
+               "v-head-dim", "rope-type", "rotary-scaling-factor", "mscale", "mscale-all-dim",
+               "moe-router-score-function", "moe-router-enable-expert-bias", "moe-router-topk-scaling-factor")
 # --use-precision-aware-optimizer's dtype flags and the values Megatron-LM takes (core_v0.16.1 arguments.py:2844-2857)
 PRECISION_AWARE_DTYPES = {"main-grads-dtype": ("fp32", "bf16"), "main-params-dtype": ("fp32", "fp16"),
                           "exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"),
@@ -115,6 +113,8 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
             r.skip(f"--{k}", v, "no effect on a step's memory or time")
         elif k in EFFECT:
             r.skip(f"--{k}", v, EFFECT[k])
+        elif k in MODEL_FLAGS:
+            r.of_model.append(f"--{k}")
         else:
             r.unknown.append(k if k.startswith("-") else f"--{k}")
     return r
