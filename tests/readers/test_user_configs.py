@@ -784,3 +784,29 @@ def test_megatron_architecture_flags_are_said_as_the_models_own(tmp_path, cli):
     code, out, err = cli("check", str(sh), "--model", "llama-2-7b")
     assert code == 0, err
     assert "  · the model's architecture (the estimate builds llama-2-7b's own): --normalization, --qk-layernorm" in out
+
+
+def test_check_takes_the_sequence_length_no_file_holds(tmp_path, cli):
+    """A DeepSpeed JSON (like TrainingArguments and accelerate configs) holds no sequence length: check estimated at
+    trainfit's default and said so, with no way to give it. --seq sets it, the 'as trainfit' line carries it, and the
+    estimate is `trainfit estimate`'s at those flags; a --seq the files contradict (Megatron's --seq-length) is one
+    line, exit 2."""
+    import json
+    import shlex
+
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "train_batch_size": 8, '
+                  '"bf16": {"enabled": true}, "zero_optimization": {"stage": 3}}')
+    code, out, err = cli("check", str(ds), "--model", "llama-3.2-1b", "--seq", "4096")
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("as trainfit: "))
+    flags = shlex.split(line.removeprefix("as trainfit: "))
+    assert flags[flags.index("--seq") + 1] == "4096" and "sequence length: none of the files" not in out
+    code, got, _ = cli("check", str(ds), "--model", "llama-3.2-1b", "--seq", "4096", "--json")
+    code2, want, _ = cli("estimate", "llama-3.2-1b", *flags, "--json")
+    assert code == code2 == 0
+    assert json.loads(got)["memory"]["peak"] == json.loads(want)["memory"]["peak"]
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON + "\n")
+    code, _, err = cli("check", str(sh), "--model", "llama-2-7b", "--seq", "1024")
+    assert code == 2 and "--seq 1024: the files say sequences of 4096 tokens" in err

@@ -21,13 +21,16 @@ ModelOpt = typer.Option(None, "--model", help="The model, when the files do not 
 GpuOpt = typer.Option(None, "--gpu", help=BY_NAME["gpu"].meta.help)
 DpOpt = typer.Option(None, "--dp", help="Data-parallel ranks, when the files do not say (a torchtitan shard degree "
                      "of -1 without the torchrun line, TrainingArguments, Megatron without torchrun's sizes).")
+SeqOpt = typer.Option(None, "--seq", help="Sequence length, when the files do not say (TrainingArguments, accelerate "
+                      "and DeepSpeed configs hold none: the training script's or dataset's).")
 PromptLenOpt = typer.Option(None, "--prompt-len", help="Prompt tokens per sequence, which no file holds (a TRL "
                            "GRPOConfig's dataset, a serving command's requests): "
                            + BY_NAME["prompt_len"].meta.help)
 
 
 def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Optional[str] = GpuOpt,
-          dp: Optional[int] = DpOpt, prompt_len: Optional[int] = PromptLenOpt, json: bool = JsonOpt) -> None:
+          dp: Optional[int] = DpOpt, seq: Optional[int] = SeqOpt, prompt_len: Optional[int] = PromptLenOpt,
+          json: bool = JsonOpt) -> None:
     """Check your own config before launch: read it with its stack's own parser, map every key to trainfit's
     settings (or name it as not modelled, with the direction of its effect), then answer as `estimate` does.
 
@@ -46,7 +49,7 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
     # (a stack's own parser imports the stack: seconds for torchtitan's or Megatron's)
     with spinner(f"reading {', '.join(files)} with the stacks' own parsers", quiet=json):
         readings = [read(f, dp) for f in files]
-        req, notes = request_of(readings, model, gpu, dp, prompt_len)
+        req, notes = request_of(readings, model, gpu, dp, prompt_len, seq)
         spec = api.load_spec(req.model)
         if req.mode == "serve":  # (the engine refuses to start: as --emit refuses to write it)
             from dataclasses import replace
@@ -69,16 +72,17 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
         results = api.run_engines(req, "analytic")
     if req.mode == "train":  # what no file holds (TrainingArguments and accelerate have no sequence length, an
         # accelerate config no micro-batch): the estimate's default, said
-        given = {k for r in readings for k in r.values}
+        given = {k for r in readings for k in r.values} | ({"seq"} if seq is not None else set())
         run = results[0].setup
         for name, what in (("batch", "micro-batch"), ("seq", "sequence length")):
             if name not in given:
                 notes.append(f"{what}: none of the files holds it (the training script's or dataset's): estimated "
-                             f"at {flag(name)} {getattr(run, name)}, trainfit's default")
+                             f"at {flag(name)} {getattr(run, name)}, trainfit's default"
+                             + (": give --seq" if name == "seq" else ""))
     serving = results[0].detail.serving  # (--mode serve's; None for training)
     for r in readings:  # the engine's flags the estimate sized itself: as it assumed, or not modelled
         r.against(serving.knobs if serving is not None else {})
-    settings = settings_of(readings, req)
+    settings = settings_of(readings, req, tuple(k for k, v in (("seq", seq), ("prompt_len", prompt_len)) if v))
     if req.quant is not None and "quant" not in settings and req.mode == "serve":  # (the checkpoint's own, above)
         settings["quant"] = req.quant
     said = {"files": [r.source for r in readings], "settings": settings,
@@ -125,16 +129,18 @@ def flag(name: str) -> str:
     return BY_NAME[name].flag
 
 
-def settings_of(readings, req) -> dict:
-    """The settings the files set, as the request holds them; those that do not apply to its mode (a GRPOConfig's
-    stack: the request refuses them away from their defaults) left out, as `trainfit estimate` refuses them written."""
-    names = [k for r in readings for k in r.values if req.mode in BY_NAME[k].meta.modes]
+def settings_of(readings, req, flags: tuple = ()) -> dict:
+    """The settings the files set and check's `flags` (--seq, --prompt-len given), as the request holds them; those
+    that do not apply to its mode (a GRPOConfig's stack: the request refuses them away from their defaults) left out,
+    as `trainfit estimate` refuses them written."""
+    names = [k for r in readings for k in r.values if req.mode in BY_NAME[k].meta.modes] + list(flags)
     return {k: getattr(req, k) for k in dict.fromkeys(names + (["grad_accum"] if any(r.global_batch for r in readings)
                                                                else []) + (["dp"] if req.dp != 1 else []))}
 
 
-def request_of(readings, model: str | None, gpu: str | None, dp: int | None, prompt_len: int | None = None):
-    """(Request, notes) of the files read together, with --model, --gpu, --dp and --prompt-len."""
+def request_of(readings, model: str | None, gpu: str | None, dp: int | None, prompt_len: int | None = None,
+               seq: int | None = None):
+    """(Request, notes) of the files read together, with --model, --gpu, --dp, --prompt-len and --seq."""
     from ..errors import SetupError
     from ..readers import combine
     from ..setup import Request
@@ -152,6 +158,10 @@ def request_of(readings, model: str | None, gpu: str | None, dp: int | None, pro
             raise SetupError(f"global batch {total} is not micro-batch {micro} × dp {ranks} × a whole accumulation: "
                              "give --dp (the data-parallel ranks) or fix the file")
         values["grad_accum"] = total // (micro * ranks)
+    if seq is not None:
+        if values.get("seq", seq) != seq:
+            raise SetupError(f"--seq {seq}: the files say sequences of {values['seq']} tokens: drop --seq or fix them")
+        values["seq"] = seq
     if prompt_len is not None:  # (the files hold none: the TRL reader's note asks for it)
         values["prompt_len"] = prompt_len
         for r in readings:
