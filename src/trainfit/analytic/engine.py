@@ -350,7 +350,8 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
         timing = Timing(gpu=gpu.name, mfu=achieved, step_seconds=secs,
                         tokens_per_second=tps, fits=fit.fits, headroom=fit.headroom,
                         gpu_memory=gpu.memory, **extra)
-    notes = [f"attention kernel: {setup.attention_kernel}; optimizer {setup.optimizer_kernel} ({setup.device} semantics); stack {setup.stack}"]
+    notes = [f"attention kernel: {attention_words(spec, setup)}; optimizer {setup.optimizer_kernel} ({setup.device} "
+             f"semantics); stack {setup.stack}"]
     notes += compile_effects.notes(spec, setup) + float8.notes(spec, setup, gpu if mfu is None else None)
     notes += torchao_recipes.notes(spec, setup, gpu if mfu is None else None)
     notes += model_for(setup).notes(spec, setup)
@@ -805,3 +806,18 @@ def _rl(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
     params = pc.total + sum(count_params(o.spec).total for o in m.others if o.spec is not spec)
     return Estimate("analytic", spec.name, params, params, setup, memory, flops, timing, tuple(notes),
                     Detail(params_active=pc.active, rl=rl_step, host_memory=pl.host_per_gpu or None), fit)
+
+
+def attention_words(spec: ModelSpec, setup: Setup) -> str:
+    """The attention kernel the estimate prices (activations.resolved_kernel), and the one asked for where the model or
+    the dtype runs another: gpt-oss's sinks run its family's own eager attention on the HF stack (transformers has no
+    SDPA path for them), fp32 on CUDA the math path under GQA."""
+    from .activations import resolved_kernel
+
+    asked, run = setup.attention_kernel, resolved_kernel(spec, setup)
+    if run == asked or (asked in ("sdpa", "flash2", "efficient", "cudnn") and run == "flash"):
+        return asked  # (the fused kernels' saved set is priced as flash's: resolved_kernel)
+    why = "the model's own eager attention: its family has no SDPA path" if run == "eager" else \
+        "fp32 SDPA on this device and layout"
+    return f"{run} ({why})" if setup.attention == "auto" else f"{run} ({why}; --attention {asked} is not what runs)"
+
