@@ -267,7 +267,7 @@ def test_what_no_file_holds_is_said_with_the_value_estimated(tmp_path, cli):
     d = json.loads(out)
     notes = [x for x in d["check"]["not_modelled"] if "none of the files holds it" in x]
     assert notes == [f"sequence length: none of the files holds it (the training script's or dataset's): estimated "
-                     f"at --seq {d['setup']['seq']}, trainfit's default"], notes
+                     f"at --seq {d['setup']['seq']}, trainfit's default: give --seq"], notes
     job = tmp_path / "job.toml"
     job.write_text(TITAN.format(g=-1, pp=""))
     code, out, err = cli("check", str(job), "--json")
