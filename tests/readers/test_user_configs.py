@@ -810,3 +810,31 @@ def test_check_takes_the_sequence_length_no_file_holds(tmp_path, cli):
     sh.write_text(MEGATRON + "\n")
     code, _, err = cli("check", str(sh), "--model", "llama-2-7b", "--seq", "1024")
     assert code == 2 and "--seq 1024: the files say sequences of 4096 tokens" in err
+
+
+@pytest.mark.parametrize("flags, want", [
+    ("--bf16", "no_effect"),  # Megatron's own default under --bf16 (core_v0.16.1 arguments.py:722-723)
+    ("--bf16 --grad-reduce-in-bf16", "no_effect"),  # turned off (:720-721): the bf16 buffer stays (grad_reduce_in_bf16)
+    ("--fp16", "more memory: an fp32 gradient buffer"),  # under --fp16 its default is off (:2194)
+    ("--bf16 --use-precision-aware-optimizer --main-grads-dtype bf16", "refused"),  # :716-718 asserts
+])
+def test_megatron_accumulate_allreduce_grads_in_fp32_as_megatron_sets_it(tmp_path, flags, want):
+    """--accumulate-allreduce-grads-in-fp32 was listed as unknown. By hand from Megatron-LM core_v0.16.1
+    arguments.py:711-724: the flag is --bf16's default, --grad-reduce-in-bf16 overrides it, --main-grads-dtype bf16
+    beside it is refused; under --fp16 it makes the gradient buffer fp32."""
+    from trainfit.errors import SetupError
+    from trainfit.readers import read
+
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON.replace("--bf16 ", "") + flags + " --accumulate-allreduce-grads-in-fp32\n")
+    if want == "refused":
+        with pytest.raises(SetupError, match="arguments.py:716-718"):
+            read(sh)
+        return
+    r = read(sh)
+    assert "--accumulate-allreduce-grads-in-fp32" not in r.unknown
+    if want == "no_effect":
+        assert "--accumulate-allreduce-grads-in-fp32" in r.no_effect
+        assert r.values.get("grad_reduce_in_bf16", False) == ("--grad-reduce-in-bf16" in flags)
+    else:
+        assert any(x.startswith("--accumulate-allreduce-grads-in-fp32") and want in x for x in r.not_modelled)

@@ -35,7 +35,8 @@ SWITCHES = ("group-query-attention", "swiglu", "disable-bias-linear", "untie-emb
             "bf16", "fp16", "grad-reduce-in-bf16", "fp8-param-gather", "fp4-param-gather", "first-last-layers-bf16",
             "moe-router-force-load-balancing", "tp-comm-overlap", "cross-entropy-loss-fusion", "overlap-param-gather",
             "overlap-grad-reduce", "recompute-activations", "moe-router-fusion", "moe-permute-fusion",
-            "use-torch-fsdp2", "torch-fsdp2-no-reshard-after-forward", "use-precision-aware-optimizer")
+            "use-torch-fsdp2", "torch-fsdp2-no-reshard-after-forward", "use-precision-aware-optimizer",
+            "accumulate-allreduce-grads-in-fp32")
 # flags with no effect on a step's memory or time (data, checkpoint paths, logging, learning rate, initialisation)
 NO_EFFECT = ("lr", "min-lr", "lr-", "weight-decay", "adam-", "init-method-std", "seed", "train-samples", "data-path",
              "split", "save", "load", "save-interval", "log-", "tensorboard-", "wandb-", "eval-", "vocab-file",
@@ -196,6 +197,27 @@ def _precision_aware(a, r: Reading) -> None:
            "parameter of the rank's optimizer shard: the estimate is high")
 
 
+def _fp32_grads(a, r: Reading) -> None:
+    """--accumulate-allreduce-grads-in-fp32 (the DDP config's grad_reduce_in_fp32: training.py:1295): under --bf16
+    Megatron's own default (arguments.py:722-723), turned off by --grad-reduce-in-bf16 (:720-721) and refused beside
+    --main-grads-dtype bf16 (:716-718); under --fp16 an fp32 gradient buffer where trainfit counts the 16-bit one
+    (parallel/megatron.py grad_buffer_bytes: no setting of its own)."""
+    flag = "--accumulate-allreduce-grads-in-fp32"
+    if not a.accumulate_allreduce_grads_in_fp32:
+        return
+    if a.bf16 and a.main_grads_dtype == "bf16":
+        raise SetupError(f"{flag} with --main-grads-dtype bf16: Megatron refuses it (--main-grads-dtype can only be "
+                         "fp32 when --accumulate-allreduce-grads-in-fp32 is set, arguments.py:716-718): drop one")
+    if a.bf16:
+        r.skip(flag, True, "no effect: --grad-reduce-in-bf16 turns it off (arguments.py:720-721)"
+               if a.grad_reduce_in_bf16 else "no effect: Megatron's own default under --bf16 (arguments.py:722-723)")
+    elif a.fp16:
+        r.skip(flag, True, "more memory: an fp32 gradient buffer (4 bytes per parameter) where trainfit counts "
+                           "--fp16's 16-bit one (2 bytes), and its reduction in fp32")
+    else:
+        r.skip(flag, True, "no effect: fp32 weights' gradients are fp32 already")
+
+
 def _settings(a, r: Reading, world: int | None) -> None:
     r.set("stack", "megatron", "pretrain_gpt.py")
     if a.tokenizer_type == "HuggingFaceTokenizer" and a.tokenizer_model:  # the hub id the tokenizer comes from
@@ -308,6 +330,7 @@ def _settings(a, r: Reading, world: int | None) -> None:
     r.set("precision", "bf16-master" if a.bf16 else "fp16-master" if a.fp16 else "fp32", "--bf16/--fp16")
     if a.grad_reduce_in_bf16:
         r.set("grad_reduce_in_bf16", True, "--grad-reduce-in-bf16")
+    _fp32_grads(a, r)
     _precision_aware(a, r)
     r.set("max_grad_norm", a.clip_grad, "--clip-grad")
     r.set("recompute", _recompute(a),
