@@ -838,3 +838,27 @@ def test_megatron_accumulate_allreduce_grads_in_fp32_as_megatron_sets_it(tmp_pat
         assert r.values.get("grad_reduce_in_bf16", False) == ("--grad-reduce-in-bf16" in flags)
     else:
         assert any(x.startswith("--accumulate-allreduce-grads-in-fp32") and want in x for x in r.not_modelled)
+
+
+def test_sglang_config_file_reads_as_its_flags(tmp_path, cli):
+    """SGLang's --config FILE was listed as unknown and its keys ignored. By hand from SGLang 0.5.23
+    utils/server_args_config_parser.py ConfigArgumentMerger: the file's keys as flags first (:98-106), so the command
+    line's win (tp 4 over the file's 2); a store_true flag's true is the bare flag (--disable-cuda-graph: trainfit's
+    --enforce-eager), another boolean `--key false` (:185-200); its suffix in any case (:155-162): the same reading as
+    the flags written out. A .json file and --config twice are one line, exit 2."""
+    (tmp_path / "serve.YAML").write_text("tp-size: 2\ncontext-length: 8192\nmem-fraction-static: 0.8\n"
+                                         "disable-cuda-graph: true\nenable-metrics: false\n")
+    sh, flat = tmp_path / "serve.sh", tmp_path / "flat.sh"
+    sh.write_text("python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B --config "
+                  f"{tmp_path / 'serve.YAML'} --tp-size 4\n")
+    flat.write_text("python -m sglang.launch_server --tp-size 2 --context-length 8192 --mem-fraction-static 0.8 "
+                    "--disable-cuda-graph --model-path meta-llama/Llama-3.1-8B --tp-size 4\n")
+    r, want = read(sh), read(flat)
+    assert r.values == want.values and r.values["tp"] == 4 and r.values["enforce_eager"] is True
+    assert "--config" not in " ".join(r.unknown) and r.model == want.model
+    (tmp_path / "serve.json").write_text("{}")
+    for bad, says in ((f"--config {tmp_path / 'serve.json'}", "reads a .yaml or .yml config file only"),
+                      (f"--config {tmp_path / 'serve.YAML'} --config {tmp_path / 'serve.YAML'}", "given twice")):
+        sh.write_text(f"python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B {bad}\n")
+        code, _, err = cli("check", str(sh), "--model", MODEL, "--gpu", "H100-80GB")
+        assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err

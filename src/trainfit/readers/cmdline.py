@@ -39,6 +39,33 @@ def named_file(name: str, script: Path, flag: str, tool: str) -> Path:
                      "the run starts): run check from there, or give the file's path")
 
 
+def yaml_config(argv: list[str], script: Path, tool: str, any_case: bool = False) -> tuple[Path, dict] | None:
+    """(the file, its mapping) of the `--config FILE` a serving engine's command line names (vLLM's and SGLang's
+    parsers: a .yaml or .yml mapping of flag names to values, one file; `any_case`: the suffix in any case, as
+    SGLang's Path.suffix.lower()), None without one; each refusal one line."""
+    if "--config" not in argv:
+        return None
+    if argv.count("--config") > 1:
+        raise SetupError(f"{script}: --config given twice: {tool} reads one config file: keep one")
+    i = argv.index("--config")
+    if i == len(argv) - 1:
+        raise SetupError(f"{script}: --config names no file: give the YAML after it")
+    found = named_file(argv[i + 1], script, "--config", tool)
+    suffix = argv[i + 1].split(".")[-1]
+    if (suffix.lower() if any_case else suffix) not in ("yaml", "yml"):
+        raise SetupError(f"{script}: --config {argv[i + 1]}: {tool} reads a .yaml or .yml config file only: convert it")
+    import yaml
+
+    try:
+        data = yaml.safe_load(found.read_text(encoding="utf-8", errors="replace"))
+    except yaml.YAMLError as e:
+        raise SetupError(f"{found}: not valid YAML ({str(e).splitlines()[0]}): fix the file") from None
+    if not isinstance(data, dict):
+        raise SetupError(f"{found}: {tool}'s --config file is a YAML mapping of flag names to values (e.g. "
+                         "'tensor-parallel-size: 2'): fix the file")
+    return found, data
+
+
 def launcher_world(before: list[str]) -> int | None:
     """torchrun's --nnodes × --nproc_per_node (either spelling, `=` or a separate value), None when not given."""
     opts: dict = {}

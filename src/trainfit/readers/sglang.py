@@ -5,11 +5,12 @@ plan/emit_sglang.py: fields/model.py, parallel.py, schedule.py, exec_.py, spec.p
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading
-from .cmdline import parse_flags, split
+from .cmdline import parse_flags, split, yaml_config
 from .vllm import DTYPES, account
 
 KV = {"fp8_e4m3": "fp8", "fp8": "fp8", "bfloat16": "bf16", "bf16": "bf16"}
@@ -65,6 +66,29 @@ def serve_argv(argv: list[str], path: Path) -> list[str]:
     return ["--model-path", *out] if out and not out[0].startswith("-") else out
 
 
+def with_config(argv: list[str], path: Path) -> tuple[list[str], Path | None]:
+    """(argv with the keys of the YAML that `--config FILE` names, the file), as SGLang 0.5.23 merges them before
+    parsing (srt/server_args.py:682-689, utils/server_args_config_parser.py ConfigArgumentMerger): each key its flag as
+    written (:198-210), true a bare flag and false nothing for a store_true flag, else `--key true|false` (:185-200), a
+    list its items, a mapping JSON, else the value as text; the file's flags first and the command line's after them,
+    which win (:98-106: argparse keeps the last)."""
+    got = yaml_config(argv, path, "SGLang", any_case=True)  # (one file: :110-113; .yaml/.yml in any case: :155-162)
+    if got is None:
+        return argv, None
+    found, data = got
+    switches = {a.dest for a in parser()._actions if isinstance(a, argparse._StoreTrueAction)}
+    keys: list[str] = []
+    for k, v in data.items():
+        if isinstance(v, bool):
+            keys += ([f"--{k}"] if v else []) if str(k).replace("-", "_") in switches else [f"--{k}", str(v).lower()]
+        elif isinstance(v, list):
+            keys += [f"--{k}", *map(str, v)] if v else []
+        else:
+            keys += [f"--{k}", json.dumps(v) if isinstance(v, dict) else str(v)]
+    i = argv.index("--config")
+    return [*keys, *argv[:i], *argv[i + 2:]], found
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sglang.launch_server", add_help=False, allow_abbrev=False)
     p.add_argument("--model-path", "--model")
@@ -92,7 +116,8 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     launcher = "sglang serve" if before and before[-1].endswith("sglang") else LAUNCHERS[0]
     if launcher == "sglang serve":
         argv = serve_argv(argv, path)
-    r = Reading(f"{path} (SGLang 0.5.23 ServerArgs flags, argparse)")
+    argv, config = with_config(argv, path)
+    r = Reading(f"{path} (SGLang 0.5.23 ServerArgs flags, argparse{f'; --config {config}' if config else ''})")
     p = parser()
     a, rest = parse_flags(p, argv, path)
     r.model = a.model_path

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading
-from .cmdline import human_readable_int, leftover_flags, named_file, parse_flags, split
+from .cmdline import human_readable_int, leftover_flags, parse_flags, split, yaml_config
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 # --kv-cache-dtype: the CacheDType values (config/cache.py, "auto" apart) trainfit models; vLLM has no float32 KV
@@ -150,25 +150,12 @@ def with_config(argv: list[str], path: Path) -> tuple[list[str], Path | None]:
     --no- form where it has one (else dropped), a list its items, a mapping JSON, else the value as text; placed after
     the model and before the command line's flags, which win (argparse keeps the last). Only the word `--config`
     pulls a file in (:371): `--config=FILE` is left to argparse, which reads nothing from it (EFFECT)."""
-    if "--config" not in argv:
+    # (one file: :551; a name after it: :554-557; .yaml or .yml: :633-637)
+    got = yaml_config(argv, path, "vLLM")
+    if got is None:
         return argv, None
-    if argv.count("--config") > 1:  # (:551)
-        raise SetupError(f"{path}: --config given twice: vLLM reads one config file: keep one")
+    found, data = got
     i = argv.index("--config")
-    if i == len(argv) - 1:  # (:554-557)
-        raise SetupError(f"{path}: --config names no file: give the YAML after it")
-    found = named_file(argv[i + 1], path, "--config", "vLLM")
-    if argv[i + 1].split(".")[-1] not in ("yaml", "yml"):  # (:633-637)
-        raise SetupError(f"{path}: --config {argv[i + 1]}: vLLM reads a .yaml or .yml config file only: convert it")
-    import yaml
-
-    try:
-        data = yaml.safe_load(found.read_text(encoding="utf-8", errors="replace"))
-    except yaml.YAMLError as e:
-        raise SetupError(f"{found}: not valid YAML ({str(e).splitlines()[0]}): fix the file") from None
-    if not isinstance(data, dict):
-        raise SetupError(f"{found}: vLLM's --config file is a YAML mapping of flag names to values (e.g. "
-                         "'tensor-parallel-size: 2'): fix the file")
     keys: list[str] = []
     for k, v in data.items():
         if isinstance(v, bool):  # (:654-658: --no-KEY only where the parser has that option string)
