@@ -221,3 +221,17 @@ def test_a_variant_list_is_its_values_each_once():
     assert run_sweep(req, "batch", "1,2", {"precision": "bf16,bf16,fp32"}).variants == ["bf16", "fp32"]
     with pytest.raises(SetupError, match="names no value"):
         run_sweep(req, "batch", "1,2", {"precision": ",,"})
+
+
+def test_the_caption_reads_at_the_consoles_width_not_a_narrow_tables():
+    """A one-variant sweep's table is ~35 columns wide, and its 'fixed:' caption, a rich table caption, wrapped to that
+    width (six lines of a few words). It prints under the table at the console's width: at 80 columns, lines of up to
+    80 characters, the whole caption's words in order."""
+    s = run_sweep(api.Request("llama-3.2-1b"), "batch", "1,2")
+    console = Console(record=True, width=80)
+    render_table(s, console)
+    lines = console.export_text().splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("fixed: "))
+    caption = lines[start:]
+    assert " ".join(caption).split() == s.caption.split()
+    assert max(map(len, caption)) <= 80 and len(caption) <= len(s.caption) // 60 + 1

@@ -270,8 +270,8 @@ def render_table(s: SweepResult, console=None) -> None:
     timed = s.gpu is not None
     by = {(r["variant"], r["value"]): r for r in s.rows}
 
-    def table(variants: list, title: str, caption: str | None, named: bool) -> Table:
-        t = Table(title=title, header_style="bold", caption=caption)
+    def table(variants: list, title: str, named: bool) -> Table:
+        t = Table(title=title, header_style="bold")
         t.add_column(s.vary, justify="right", style="cyan")
         for v in variants:
             prefix = f"{v} " if v and named else ""
@@ -296,14 +296,16 @@ def render_table(s: SweepResult, console=None) -> None:
         return t
 
     title = f"{s.model} — sweep over {s.vary} (analytic, per GPU)"
-    t = table(s.variants, title, s.caption, named=True)
+    t = table(s.variants, title, named=True)
     # (the narrowest it goes without cutting a word, measured unclamped: wider than the console, rich crops cells)
     narrowest = console.measure(t, options=console.options.update_width(PIPED_WIDTH * 10)).minimum
     if len(s.variants) > 1 and narrowest > console.width:
-        for i, v in enumerate(s.variants):
-            console.print(table([v], f"{title}: {v}", s.caption if i == len(s.variants) - 1 else None, named=False))
+        for v in s.variants:
+            console.print(table([v], f"{title}: {v}", named=False))
     else:
         console.print(t)
+    # (under the tables at the console's width: as a table caption it wrapped to a narrow table's, a word a line)
+    console.print(f"[dim]{s.caption}[/dim]")
     errors = {r["error"] for r in s.rows if r["error"]}
     for err in sorted(errors):
         console.print(f"[dim]· n/a: {err}[/dim]")
