@@ -235,3 +235,7 @@ def test_the_caption_reads_at_the_consoles_width_not_a_narrow_tables():
     caption = lines[start:]
     assert " ".join(caption).split() == s.caption.split()
     assert max(map(len, caption)) <= 80 and len(caption) <= len(s.caption) // 60 + 1
+    # the defaults as the estimate took them ('seq default', 'precision default' said nothing)
+    e = api.analytic(api.Request("llama-3.2-1b", batch=1))
+    assert f"seq {e.setup.seq}," in s.caption and f"precision {e.setup.precision}," in s.caption
+    assert "default" not in s.caption

@@ -99,6 +99,7 @@ class SweepResult:
     mfu: float
     base: dict  # the Request's fields (the setup held fixed)
     notes: list[str] = field(default_factory=list)
+    resolved: dict = field(default_factory=dict)  # the settings the request leaves to defaults, as a point's setup has them
 
     @property
     def numeric(self) -> bool:
@@ -132,7 +133,8 @@ class SweepResult:
                                    "dp", "tp", "pp", "zero", "mode", "device")
                  if k != KNOBS[self.vary][0] and not (k in _variant_fields(self) and len(self.variants) > 1)
                  and mode in BY_NAME[k].meta.modes}  # (the settings the mode reads: no optimizer in inference)
-        text = "fixed: " + ", ".join(f"{k.replace('_', '-')} {v if v is not None else 'default'}" for k, v in fixed.items())
+        shown = {k: v if v is not None else self.resolved.get(k, "default") for k, v in fixed.items()}
+        text = "fixed: " + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in shown.items())
         text += " · analytic engine, per GPU"
         return "\n".join([text, *self.notes])
 
@@ -225,6 +227,7 @@ def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[st
     notes: list[str] = []
     rows: list[dict] = []
     host_read = False  # whether a point's estimate reads --host-memory
+    first = None  # the first point's estimate
     gpu = api.gpu_of(req)
     spec = api.load_spec(req.model)  # an unknown model is one error, not one per row
     for combo, label in zip(combos, labels):
@@ -238,6 +241,7 @@ def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[st
             try:
                 point = dataclasses.replace(req, **changes)
                 e = api.analytic(point)
+                first = first or e
                 rows.append(_row(label, v, e, None))
                 # (a sweep shows no advice: a point that does not fit reads --host-memory no more than one that does)
                 host_read = host_read or not api.host_memory_unread(point, e, advised=False)
@@ -246,6 +250,8 @@ def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[st
     valid = [r for r in rows if r["error"] is None]
     if not valid:
         raise SetupError(f"no point of the sweep is a valid setup: {rows[0]['error']}")
+    # the defaults as the estimates resolved them (the model's sequence length, the stack's precision), for the caption
+    resolved = {k: getattr(first.setup, k) for k in base if base[k] is None and hasattr(first.setup, k)}
     if req.host_memory is not None and not host_read:  # named, not ignored (api.HOST_MEMORY_UNREAD's rule)
         notes.append(api.HOST_MEMORY_UNREAD_SWEEP)
     for label in labels:  # a variant invalid at every point is a bad variant value (say --attention eager,magic)
@@ -253,7 +259,7 @@ def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[st
         if all(r["error"] is not None for r in mine):
             raise SetupError(f"variant {label!r} is not valid at any point of the sweep ({mine[0]['error']}); drop it")
     return SweepResult(model=spec.name, vary=vary, values=vals, variants=labels,
-                       rows=rows, gpu=gpu, mfu=req.mfu, base=base, notes=notes)
+                       rows=rows, gpu=gpu, mfu=req.mfu, base=base, notes=notes, resolved=resolved)
 
 
 def render_table(s: SweepResult, console=None) -> None:
