@@ -185,3 +185,23 @@ def test_flash_in_triton_against_flash2_on_a100(seqlen, causal):
     bwd = attention_seconds(A100, "triton", *args, True) / attention_seconds(A100, "flash", *args, True)
     assert 1.3 <= fwd <= 1.55
     assert 1.8 <= bwd <= 2.25
+
+
+def test_a_wgrad_reads_the_rows_of_its_operands_not_the_tokens():
+    """A linear layer's weight gradient dW[out, in] = dY[tokens, out]^T @ x[tokens, in]: its operands' rows (the
+    strides a TMA descriptor needs in 16-byte multiples) are out and in; the tokens are the reduction. 1,220 tokens
+    (a Qwen3-VL sample: 1,024 text + 196 image) are no more unaligned than 1,224, so the wgrad takes their share of
+    the time (it was timed on the unaligned kernels, ~6x slower, and a 2-sample step came out faster than 1)."""
+    from trainfit import estimate
+    from trainfit.analytic.compute_time import time_ops
+    from trainfit.analytic.ops import backward
+    from trainfit.analytic.ops.op import Op
+
+    def wgrad(tokens):  # qwen3-vl-32b's MLP up projection: (tokens, 25,600, 5,120)
+        (w,) = [o for o in backward([Op("up", "gemm", "bf16", m=tokens, n=25600, k=5120)]) if o.name == "up.wgrad"]
+        return time_ops(H100, [w]).seconds
+
+    assert 1220 / 1224 * 0.98 < wgrad(1220) / wgrad(1224) <= 1.0
+    one, two = (estimate("qwen3-vl-32b", batch=b, seq=1024, gpu="H100-80GB").detail.step_time for b in (1, 2))
+    assert two.step_seconds > one.step_seconds
+    assert 1.7 < two.compute_terms["gemm"] / one.compute_terms["gemm"] <= 2.0

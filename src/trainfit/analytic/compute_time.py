@@ -83,9 +83,9 @@ class ListTime(NamedTuple):
 
 
 @lru_cache(maxsize=8192)
-def _gemm_seconds(gpu: GPU, m: float, n: float, k: float, dtype: str, batch: float) -> float:
+def _gemm_seconds(gpu: GPU, m: float, n: float, k: float, dtype: str, batch: float, rows: str = "nk") -> float:
     """(a backward's dgrad/wgrad and a recompute repeat the forward's shapes)"""
-    return roofline.gemm_seconds(gpu, m, n, k, dtype, batch)
+    return roofline.gemm_seconds(gpu, m, n, k, dtype, batch, rows)
 
 
 memo.also_clear(_gemm_seconds.cache_clear)
@@ -105,10 +105,10 @@ def _grouped_gemm_seconds(gpu: GPU, op: Op) -> float:
     GEMM starts when its own previous one ends, so rounds overlap at their tails: pessimistic by up to a wave per
     round."""
     if not op.streams or op.batch <= op.streams:
-        return _gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.batch)
+        return _gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.batch, op.rows)
     full, rest = divmod(math.ceil(op.batch), op.streams)
-    t = full * _gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.streams)
-    return t + (_gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, rest) if rest else 0.0)
+    t = full * _gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.streams, op.rows)
+    return t + (_gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, rest, op.rows) if rest else 0.0)
 
 
 def _op_terms(gpu: GPU, kn, launch: float, op: Op) -> tuple:

@@ -361,17 +361,19 @@ def _tile_rates(kernels: str, dtype: str, per_sm: float) -> tuple[tuple[int, int
     return tuple((tm, tn, per_sm * min(1.0, min(per_sm, l2_bound(tm, tn)) / top)) for tm, tn in tiles)
 
 
-def gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int = 1) -> float:
-    """C[m,n] = A[m,k] @ B[k,n] on one GPU, `batch` independent GEMMs in one launch (see _gemm_seconds)."""
+def gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int = 1, rows: str = "nk") -> float:
+    """C[m,n] = A[m,k] @ B[k,n] on one GPU, `batch` independent GEMMs in one launch (see _gemm_seconds). `rows`: the
+    dimensions that are a stored operand's row (its leading dimension, the stride the alignment rule reads): n and
+    k for a forward or dgrad GEMM, m and n for a wgrad (ops/derived.py backward)."""
     if min(m, n, k, batch) <= 0:
         return 0.0
     # averaged dimensions (tokens per expert, experts per rank) can be fractional: a kernel runs whole rows and
     # whole GEMMs, so round up (int() made 0.5 rows a 0-tile GEMM and divided by zero)
-    return _gemm_seconds(gpu, *(math.ceil(x) for x in (m, n, k)), dtype, math.ceil(batch))
+    return _gemm_seconds(gpu, *(math.ceil(x) for x in (m, n, k)), dtype, math.ceil(batch), rows)
 
 
 @lru_cache(maxsize=65536)  # the planner times the same shapes for many layouts
-def _gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int) -> float:
+def _gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int, rows: str = "nk") -> float:
     """C[m,n] = A[m,k] @ B[k,n], `batch` of them in one launch. Compute: for each tile the GPU may use (see
     _tile_rates), waves x one tile's 2*Tm*Tn*k FLOPs at that tile's per-SM rate; the fastest is taken (cuBLAS's
     heuristic picks the tile). When the output grid leaves SMs idle, K is split over them (split-K / stream-K,
@@ -383,10 +385,14 @@ def _gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int) -> f
     if dtype == "fp32" and kn.simt_tiles:
         return _simt_gemm_seconds(gpu, kn, m, n, k, batch)
     size = _size(dtype)
-    # a row (n or k) not a multiple of 16 bytes: the unaligned fallback kernels where measured (kernels.toml
-    # matmul_unaligned_fraction). NB: m is not checked: the engine times a linear layer's three GEMMs at the forward's
-    # (tokens, out, in) shape, where the rows are n and k; tokens are never a row of them
-    unaligned = kn.unaligned_fraction and size == 2 and (n * size % 16 or k * size % 16)
+    # a row not a multiple of 16 bytes: the unaligned fallback kernels where measured (kernels.toml
+    # matmul_unaligned_fraction). The rows are the operands' leading dimensions, the strides a TMA descriptor needs
+    # in multiples of 16 bytes (CUDA programming guide, 'Tensor Memory Access'): of a linear layer's forward
+    # (tokens, out, in) and dgrad (tokens, in, out) n and k; of its wgrad (in, out, tokens) m and n (x and dY are
+    # [tokens, in] and [tokens, out], dW [out, in]). The tokens are never a row: 1220 of them (a Qwen3-VL sample,
+    # 1024 text + 196 image) no more unaligned than 1224
+    dims = {"m": m, "n": n, "k": k}
+    unaligned = kn.unaligned_fraction and size == 2 and any(dims[d] * size % 16 for d in rows)
     per_sm = gpu.flops_for(dtype) * (kn.unaligned_fraction if unaligned else kn.matmul(dtype)) / kn.sms
     base = (m * k + k * n + m * n) * size * batch
     bw = _bandwidth(gpu, kn)

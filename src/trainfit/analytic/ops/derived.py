@@ -17,7 +17,7 @@ def backward(ops: list[Op]) -> list[Op]:
         if op.kind == "gemm" and op.grad:  # (a GEMM run under no_grad has no backward: DoRA's weight norm)
             out.append(replaced(op, name=op.name + ".dgrad", m=op.m, n=op.k, k=op.n))
             if op.wgrad:
-                out.append(replaced(op, name=op.name + ".wgrad", m=op.k, n=op.n, k=op.m))
+                out.append(replaced(op, name=op.name + ".wgrad", m=op.k, n=op.n, k=op.m, rows="mn"))
             if op.bias:  # db = Σ_tokens dY: one read of dY, a column sum (its semaphores' memset: column_sum_launches)
                 dy = op.m * op.n * op.batch * SIZE.get(op.dtype, 2)
                 out.append(memory(op.name + ".bias_grad", dy, op.n * FP32, "autograd bias gradient", saves=False,

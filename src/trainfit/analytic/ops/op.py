@@ -65,6 +65,9 @@ class Op(NamedTuple):
     tp_split: str = ""
     # attention: a causal sliding window the fused kernel skips the key blocks outside of (Shape.window; 0: none)
     window: int = 0
+    # gemm: the dimensions that are a stored operand's row, whose 16-byte alignment roofline.gemm_seconds reads: n
+    # and k of a forward or dgrad, m and n of a wgrad (derived.backward)
+    rows: str = "nk"
 
     @property
     def flops(self) -> float:
