@@ -103,3 +103,29 @@ def test_every_engine_refuses_a_model_torchtitan_does_not_build(cli, model, word
     the analytic engine refuses what the trace engine cannot build, instead of estimating a run nobody can make."""
     code, out, err = cli("estimate", model, "--stack", "torchtitan")
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_stack_refusal_names_only_stacks_that_run_the_value():
+    """--precision / --zero / --optimizer a stack does not run: the "or --stack ..." of the refusal names each other
+    stack whose facts (stacks/*.toml) list the value and no other; it named "--stack hf" whatever the value, under
+    --stack hf itself (--precision fp16-master) and for a value hf does not run either."""
+    from trainfit.precision import TRAIN_PRECISIONS
+
+    values = [("precision", p, lambda st, v: v in st.precisions) for p in TRAIN_PRECISIONS]
+    values += [("zero", z, lambda st, v: v in st.zero_stages) for z in range(4)]
+    values += [("optimizer", o, lambda st, v: v in st.optimizers) for o in ("adamw", "lion", "sgd", "adafactor")]
+    seen = 0
+    for name in names():
+        for setting, value, runs in values:
+            if runs(get_stack(name), value):
+                continue
+            with pytest.raises(SetupError) as e:
+                Setup(stack=name, dp=2, **{setting: value})
+            msg = str(e.value)
+            if not msg.startswith(f"--{setting} {value} is not "):
+                continue  # refused by an earlier rule (Setup's precision, amp-bf16, on megatron)
+            seen += 1
+            tail = msg.split("; use one of those")[1]
+            named = tail.removeprefix(" or --stack ").split(" or ") if tail else []
+            assert sorted(named) == sorted(n for n in names() if n != name and runs(get_stack(n), value)), msg
+    assert seen >= 10

@@ -100,13 +100,16 @@ def validate(setup: Setup, changed: frozenset | None = None) -> None:
         raise SetupError(f"--offload params ({kind}) offloads the sharded weights: it needs --zero 3")
     if setup.zero not in stack.zero_stages:
         raise SetupError(f"--zero {setup.zero} is not run by --stack {stack.name} (it runs ZeRO stages "
-                         f"{', '.join(map(str, stack.zero_stages))}); use one of those or --stack hf")
+                         f"{', '.join(map(str, stack.zero_stages))}); use one of those"
+                         + _or_stacks(stack, lambda st: setup.zero in st.zero_stages))
     if setup.mode == "train" and setup.precision not in stack.precisions:
         raise SetupError(f"--precision {setup.precision} is not run by --stack {stack.name} (it runs "
-                         f"{', '.join(stack.precisions)}); use one of those or --stack hf")
+                         f"{', '.join(stack.precisions)}); use one of those"
+                         + _or_stacks(stack, lambda st: setup.precision in st.precisions))
     if setup.mode == "train" and setup.optimizer not in stack.optimizers:
         raise SetupError(f"--optimizer {setup.optimizer} is not built by --stack {stack.name} (it builds "
-                         f"{', '.join(stack.optimizers)}); use one of those or --stack hf")
+                         f"{', '.join(stack.optimizers)}); use one of those"
+                         + _or_stacks(stack, lambda st: setup.optimizer in st.optimizers))
     if setup.optimizer_impl is not None and setup.optimizer in BNB_OPTIMIZERS:
         raise SetupError(f"--optimizer-impl: --optimizer {setup.optimizer} runs bitsandbytes' own in-place kernel; "
                          "drop --optimizer-impl")
@@ -311,6 +314,13 @@ def _check_fsdp(setup: Setup, stack: _stacks.Stack) -> None:
 def _either(names) -> str:
     """'a, b or c'."""
     return " or ".join(filter(None, (", ".join(names[:-1]), names[-1])))
+
+
+def _or_stacks(stack, test) -> str:
+    """A refusal's "or --stack ..." naming the other stacks for which `test(stack)` holds ("" when none does): not the
+    stack refused, which "--stack hf" named when it was hf (--precision fp16-master: megatron and deepspeed run it)."""
+    others = [n for n in _stacks.running(test) if n != stack.name]
+    return f" or --stack {' or '.join(others)}" if others else ""
 
 
 def _runners(feature: str) -> str:
