@@ -312,3 +312,22 @@ def test_real_size_training_ends_at_the_embedding_backward(model):
     from trainfit.models.resolve import load_model
     setup = Setup(batch=1, seq=512, precision="bf16", device="cuda", images=1, image_size=448)
     assert_analytic_near_trace(load_model(model), setup, model, TOLERANCE)
+
+
+def test_context_parallel_splits_the_language_models_sequence():
+    """--cp splits the language model's input, text and image tokens (megatron-core 0.16.1 utils.py:2025-2029
+    get_batch_on_this_cp_rank views it as 2·cp chunks), not --seq's text alone: Llama 3.2 Vision's one <|image|> token
+    an image (processing_mllama) makes --seq 2048 read 2049 tokens, refused naming both and the --seq that fits; --seq
+    2051 (2052 = 4 x 513) runs. The rule read --seq and then the 2049 tokens, so no --seq passed both."""
+    from trainfit import estimate as api_estimate
+    from trainfit.errors import SetupError
+
+    with pytest.raises(SetupError) as e:
+        api_estimate("llama-3.2-11b-vision", stack="megatron", cp=2)
+    msg = str(e.value)
+    assert "--seq 2048 + 1 image token = 2049" in msg and msg.endswith("use --seq 2051") and "\n" not in msg
+    est = api_estimate("llama-3.2-11b-vision", stack="megatron", cp=2, seq=2051)
+    assert est.setup.seq == 2051 and est.memory.peak > 0
+    # Qwen2.5-VL at 448 px: 256 merged tokens an image, (448 / 14)^2 / 2^2; --seq 2047 reads 2303
+    with pytest.raises(SetupError, match=r"--seq 2047 \+ 256 image tokens = 2303, not divisible by 4; use --seq 2048"):
+        api_estimate("qwen2.5-vl-7b", stack="megatron", cp=2, seq=2047)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..alloc.caching_allocator import K_MIN_BLOCK
+from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from ..vlm_setup import IMAGE_MODES, lm_seq
@@ -49,7 +50,18 @@ def language_setup(spec: ModelSpec, setup: Setup) -> Setup:
     tower; `setup` itself otherwise (a text model, serving, RL)."""
     if spec.vision is None or setup.mode not in IMAGE_MODES or not setup.images:
         return setup
-    return replace(setup, seq=lm_seq(spec, setup))
+    tokens = lm_seq(spec, setup)
+    chunks = 2 * setup.cp
+    if setup.cp > 1 and tokens % chunks:
+        # megatron-core 0.16.1 utils.py:2025-2029 get_batch_on_this_cp_rank views the language model's input (the
+        # tokens with their image placeholders) as 2·cp chunks; the Setup's rule (setup/rules.py) reads --seq, the text
+        images = tokens - setup.seq
+        fit = setup.seq + (-tokens) % chunks
+        raise SetupError(f"--cp {setup.cp} splits each sequence into 2 × cp = {chunks} load-balanced chunks: "
+                         f"{spec.name}'s language model reads --seq {setup.seq} + {images} image "
+                         f"token{'s' if images != 1 else ''} = {tokens}, "
+                         f"not divisible by {chunks}; use --seq {fit}")
+    return replace(setup, seq=tokens)
 
 
 FP32, INDEX = 4, 8

@@ -87,7 +87,9 @@ def validate(setup: Setup, changed: frozenset | None = None) -> None:
         raise SetupError("--vpp interleaves model chunks over pipeline stages: it needs --pp > 1")
     if setup.pp_split != "even" and setup.pp == 1:
         raise SetupError("--pp-split splits layers over pipeline stages: it needs --pp > 1")
-    if setup.cp > 1 and setup.seq % (2 * setup.cp):
+    # (a vision-language model's --seq is its text: the sequence split is the language model's, text + image tokens,
+    # which analytic/vlm.py language_setup checks)
+    if setup.cp > 1 and not setup.images and setup.seq % (2 * setup.cp):
         raise SetupError(f"--cp {setup.cp} splits each sequence into 2 × cp = {2 * setup.cp} load-balanced chunks: "
                          f"--seq {setup.seq} must be divisible by {2 * setup.cp}")
     why = stack.refuse(setup)  # the stack's rules that are code (stacks/<name>.py)
