@@ -101,3 +101,19 @@ def test_analytic_training_of_mla_is_refused_under_eager_attention_only():
     with pytest.raises(SetupError, match="MLA.*eager"):
         estimate(spec, Setup(batch=1, seq=32, precision="fp32", device="cpu", attention="eager"))
     assert estimate(spec, Setup(batch=1, seq=32, precision="fp32", device="cpu")).memory.peak > 0
+
+
+def test_the_estimates_parameters_hold_the_mtp_layers_the_ranks_hold():
+    """On --stack megatron DeepSeek-V3 trains its num_nextn_predict_layers MTP module (analytic/mtp.py), which one
+    rank holding the whole model counts: 'parameters per GPU' read 682.64 G against 'parameters' 671.03 G (the HF
+    model's, without it). The estimate's parameters are the model's plus the hand-counted module above (--mtp-layers
+    0: the model's alone), so one rank holds them all."""
+    from trainfit.engines import analytic
+    from trainfit.setup import Setup
+
+    spec = load_model("deepseek-v3")
+    e = analytic(spec, Setup(stack="megatron", seq=1024, precision="bf16-master"))
+    assert e.params == count_params(spec).total + 11_610_067_968 == e.params_per_rank
+    assert any("multi-token-prediction" in n for n in e.notes)
+    assert analytic(spec, Setup(stack="megatron", seq=1024, precision="bf16-master", mtp_layers=0)).params == \
+        count_params(spec).total

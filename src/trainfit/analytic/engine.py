@@ -29,7 +29,8 @@ from .foreach_segments import new_segments, parameter_tensors
 from .grad_segments import gradient_segments
 from .memory import TrainMemory, train_memory
 from . import lora
-from .params import count_params
+from .mtp import mtp_layers
+from .params import count_params, mtp_params
 from .parallel import fsdp1
 from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks, torchtitan_fsdp
 from .parallel import deepspeed_offload, fsdp_offload
@@ -401,7 +402,14 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
     detail = Detail(params_active=pc.active, params_trainable=trainable, head=spec.task_head,
                     num_labels=spec.num_labels if spec.task_head in heads.CLASSIFIERS else None, host_memory=host,
                     paged_optimizer_states=mem.paged_optimizer_states, step_time=tm, records=mem.detail)
-    return Estimate("analytic", spec.name, pc.total + (trainable or 0), mem.params,
+    # the multi-token-prediction layers the stack trains (mtp.py) join the model's parameters, as the ranks hold them
+    n_mtp = mtp_layers(spec, setup)
+    extra = mtp_params(spec, n_mtp) if n_mtp else 0
+    if extra:
+        notes.append(f"parameters: the model's {pc.total:,} and {n_mtp} multi-token-prediction layer"
+                     f"{'s' if n_mtp > 1 else ''} the stack trains, {extra:,} (--mtp-layers; transformers builds "
+                     "none)")
+    return Estimate("analytic", spec.name, pc.total + (trainable or 0) + extra, mem.params,
                     setup, memory, flops, timing, tuple(notes), detail, fit)
 
 

@@ -108,14 +108,14 @@ def gated_deltanet_params(spec: ModelSpec) -> int:
             + linear(g.value_dim, h, False))
 
 
-def mtp_params(spec: ModelSpec) -> int:
+def mtp_params(spec: ModelSpec, layers: int | None = None) -> int:
     """Unique parameters of DeepSeek-V3's multi-token-prediction modules (config num_nextn_predict_layers), which
     transformers does not build and `count_params` leaves out. Per module (DeepSeek-V3 paper arXiv:2412.19437
     §2.2 eq. 21, and the checkpoint's model.layers.61.*: enorm, hnorm, eh_proj, shared_head.norm + one MoE decoder
     layer): two RMSNorms over h, M_k = eh_proj (2h -> h, no bias), a full MoE layer and the shared head's final
     RMSNorm. The embedding and output head are shared with the main model (the checkpoint stores copies; not
-    counted)."""
-    n = spec.mtp_layers
+    counted). `layers`: that many modules (--mtp-layers), else the config's."""
+    n = spec.mtp_layers if layers is None else layers
     if n == 0:
         return 0
     c = count_params(spec)
