@@ -128,3 +128,15 @@ def test_stopping_the_server_answers_the_running_requests(monkeypatch):
     r = client.post("/api/view", json={"model": "llama-3.1-8b"})
     assert r.status_code == 503 and r.json()["error"] == "stopped: the server is stopping", r.text
     assert time.perf_counter() - t0 < 2.0 and spin.stopped.wait(1.0)
+
+
+def test_a_long_hybrid_pattern_is_linear_work():
+    """A pasted Nemotron-H config.json whose hybrid_override_pattern lists 100,000 blocks: each layer's backward
+    moment summed the gradients of every layer after it (analytic/phases.py _mixed_layer_moments: n**2 / 2
+    additions, 5e9 here), so the request ran past the limit (a 503) and its thread went on for minutes after; now one
+    pass (about a second)."""
+    client = TestClient(web.create_app(time_limit=10), raise_server_exceptions=False)
+    config = {"model_type": "nemotron_h", "hybrid_override_pattern": "M" * 100_000}
+    r = client.post("/api/estimate", json={"config": config})  # (no --gpu: no fit advice to try)
+    assert r.status_code == 200, r.text
+    assert r.json()["memory"]["peak"] > 0

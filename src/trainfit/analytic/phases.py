@@ -190,6 +190,11 @@ def _mixed_layer_moments(b: StepBytes, grads, others: float, gathered) -> list:
     below = 0.0  # saved bytes of the layers before k
     grads_of = [b.layer_gradients if b.kinds[kind].gradients is None else b.kinds[kind].gradients
                 for kind in b.pattern]
+    # after[k]: the gradients of the layers after layer k (one pass: a sum per layer was n**2 / 2 additions, hours
+    # for a pattern of 10**6 layers)
+    after = [0.0] * n
+    for k in range(n - 2, -1, -1):
+        after[k] = after[k + 1] + grads_of[k + 1]
     for k, kind in enumerate(b.pattern):
         lk = b.kinds[kind]
         name = "last_layer_backward" if k == n - 1 else ("first_layer_backward" if k == 0 else f"layer_{k}_backward")
@@ -198,7 +203,7 @@ def _mixed_layer_moments(b: StepBytes, grads, others: float, gathered) -> list:
         else:
             constant, per = b.gathered_at["layer_backward"]
             held = constant + (k + 1) * per
-        out.append((name, grads(b.head_gradients + sum(grads_of[k + 1:]) + lk.grads_done),
+        out.append((name, grads(b.head_gradients + after[k] + lk.grads_done),
                     others + b.embedding_saved + (b.masks_first if k == 0 else b.masks_held) + b.inputs + below
                     + lk.saved - lk.freed, lk.backward + held))
         below += lk.saved
