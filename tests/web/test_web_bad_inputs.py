@@ -164,6 +164,10 @@ BAD_BODIES = [
     ({"config": cfg(vocab_size=0)}, "vocab_size"),
     ({"config": cfg(num_hidden_layers=-2)}, "num_hidden_layers"),
     ({"config": cfg(tie_word_embeddings="yes")}, "tie_word_embeddings"),
+    # a quantization_config that is no object: was "cannot be estimated: AttributeError: 'str' object has no
+    # attribute 'get'" (hf_config.quant_method read it as a dict)
+    ({"config": cfg(quantization_config="fp8")}, "'quantization_config' must be a JSON object"),
+    ({"config": cfg(quantization_config=[{"quant_method": "fp8"}])}, "'quantization_config' must be a JSON object"),
     ({"config": cfg(model_type="mixtral", num_local_experts=2, num_experts_per_tok=4)}, "num_experts_per_tok"),
     ({"config": cfg(), "tp": 16}, "--tp 16"),
     ({"config": cfg(), "zero": 1}, "--dp"),

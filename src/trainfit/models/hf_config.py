@@ -693,7 +693,7 @@ def _gpt_oss(c: _Cfg) -> dict:
         router_scoring="topk_softmax",  # GptOssTopKRouter.forward: topk, then softmax over the k top values
         router_bias=True, expert_bias=True,
         swiglu_limit=float(c.get("swiglu_limit", default=7.0)),
-        experts_mxfp4=(c.d.get("quantization_config") or {}).get("quant_method") == "mxfp4",
+        experts_mxfp4=quant_method(c.d) == "mxfp4",
     )
     return f
 
@@ -1138,8 +1138,13 @@ def spec_from_config(config: dict, name: str, source: str = "", head: str | None
 
 
 def quant_method(raw: dict) -> str | None:
-    """A config's quantization_config.quant_method, lower case; None for a 16-bit checkpoint."""
-    return str((raw.get("quantization_config") or {}).get("quant_method", "")).lower() or None
+    """A config's quantization_config.quant_method, lower case; None for a 16-bit checkpoint. A quantization_config
+    that is no JSON object is one line (transformers reads it as a dict: QuantizationConfigMixin.from_dict)."""
+    q = raw.get("quantization_config") or {}
+    if not isinstance(q, dict):
+        raise ConfigError(f"'quantization_config' must be a JSON object (e.g. {{\"quant_method\": \"fp8\"}}), "
+                          f"got {_json_type(q)} {q!r:.40}; fix it or drop it")
+    return str(q.get("quant_method", "")).lower() or None
 
 
 def _checkpoint_quant(raw: dict) -> str | None:
