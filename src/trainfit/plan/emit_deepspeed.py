@@ -5,6 +5,7 @@ import json
 
 from ..setup import Setup
 from ..spec import ModelSpec
+from ..stacks.deepspeed_config import OPTIMIZER_TYPES
 
 # the stack whose step the config runs (stacks/deepspeed.toml: DeepSpeed's ZeRO engine wrapping the HF model)
 STACK = "deepspeed"
@@ -15,7 +16,7 @@ def supports(s: Setup) -> str | None:
     """None when DeepSpeed's config can run plan `s`, else why not (one line)."""
     if s.tp > 1 or s.pp > 1:
         return "DeepSpeed's JSON config has no tensor/pipeline layout (that needs Megatron-DeepSpeed code)"
-    if s.offload_state != "none" and s.optimizer not in OFFLOAD_OPTIMIZER:
+    if s.offload_state != "none" and s.optimizer not in OPTIMIZER_TYPES:
         return f"ZeRO-Offload's optimizer is built from the config: {s.optimizer} is none DeepSpeed builds there"
     if s.precision not in PRECISIONS:
         return f"DeepSpeed's bf16/fp16 modes keep 16-bit weights with fp32 masters, not {s.precision}"
@@ -35,22 +36,22 @@ def supports(s: Setup) -> str | None:
 # offload (:2342-2346, zero_force_ds_cpu_optimizer true by default). The analytic engine prices DeepSpeed's CPU
 # optimizer (parallel/deepspeed_offload.py). Its hyper-parameters are "auto": the HF Trainer fills them from its
 # TrainingArguments (transformers 5.24 integrations/deepspeed.py:163-170); they are the user's, not trainfit's.
-OFFLOAD_OPTIMIZER = {"adam": ("Adam", ("lr", "betas", "eps", "weight_decay")),
-                     "adamw": ("AdamW", ("lr", "betas", "eps", "weight_decay")),
-                     "lion": ("Lion", ("lr", "betas", "weight_decay")),
-                     "sgd": ("SGD", ("lr", "weight_decay")), "momentum": ("SGD", ("lr", "weight_decay"))}
+# The hyper-parameters each type takes that the HF Trainer fills (its fill_match keys), by optimizer type
+# (stacks/deepspeed_config.py OPTIMIZER_TYPES)
+AUTO_PARAMS = {"Adam": ("lr", "betas", "eps", "weight_decay"), "AdamW": ("lr", "betas", "eps", "weight_decay"),
+               "Lion": ("lr", "betas", "weight_decay"), "SGD": ("lr", "weight_decay")}
 MOMENTUM = 0.9  # trainfit's --optimizer momentum (SGD with momentum: a state per parameter)
 
 
 def deepspeed(s: Setup) -> dict:
     """DeepSpeed config JSON (trainfit.stacks.deepspeed_config, shared with the measure engine's DeepSpeed step), with
-    the optimizer block ZeRO-Offload needs (OFFLOAD_OPTIMIZER)."""
+    the optimizer block ZeRO-Offload needs (AUTO_PARAMS)."""
     from ..stacks.deepspeed_config import ds_config
 
     cfg = ds_config(s)
     if s.offload_state in ("optimizer", "params"):
-        name, auto = OFFLOAD_OPTIMIZER[s.optimizer]
-        params = {k: "auto" for k in auto} | ({"momentum": MOMENTUM} if s.optimizer == "momentum" else {})
+        name = OPTIMIZER_TYPES[s.optimizer]
+        params = {k: "auto" for k in AUTO_PARAMS[name]} | ({"momentum": MOMENTUM} if s.optimizer == "momentum" else {})
         cfg["optimizer"] = {"type": name, "params": params}
     return cfg
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from ..stacks import get_stack
+from ..stacks.deepspeed_config import OPTIMIZER_TYPES
 from . import Reading, _file
 
 # zero_optimization keys trainfit models at DeepSpeed's defaults (stacks/deepspeed.toml facts of the same name)
@@ -33,10 +34,6 @@ EFFECT = {"wall_clock_breakdown": "more time when true: synchronised timers",
           # has no --optimizer for (OPTIMIZERS reads the others): its type sets the states' bytes
           "optimizer": "memory: its type sets the optimizer states; trainfit counts --optimizer's (adamw by "
                        "default)"}
-# the "optimizer" block's types (DeepSpeedConfig lower-cases DeepSpeed's own: config.py:518-520) as trainfit's
-# --optimizer: DeepSpeed's Adam/AdamW (FusedAdam, or DeepSpeedCPUAdam under offload: engine.py:2385-2386) and Lion
-# (:2505-2508), torch.optim's SGD (:2548), with momentum trainfit's momentum (plan/emit_deepspeed.py writes them)
-OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "lion": "lion", "SGD": "sgd"}
 WHEN_TRUE = ("wall_clock_breakdown", "memory_breakdown")  # switches with an effect only when on
 ZERO_NO_EFFECT = ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
                   "round_robin_gradients", "load_from_fp32_weights", "elastic_checkpoint")
@@ -218,6 +215,19 @@ MAPPED = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumu
           "bf16", "bfloat16", "fp16", "zero_optimization", "activation_checkpointing", "sequence_parallel_size")
 
 
+def read_optimizer(cfg, r: Reading) -> None:
+    """The optimizer block's type as trainfit's --optimizer (stacks/deepspeed_config.py OPTIMIZER_TYPES, as
+    DeepSpeedConfig spells it: DeepSpeed's own names lower-cased, DEEPSPEED_OPTIMIZERS); SGD with a momentum is
+    trainfit's momentum. Another type stays listed as changing the optimizer states (EFFECT)."""
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+
+    momentum = (cfg.optimizer_params or {}).get("momentum", 0)
+    for ours, kind in OPTIMIZER_TYPES.items():
+        if cfg.optimizer_name == (kind.lower() if kind.lower() in DEEPSPEED_OPTIMIZERS else kind) and \
+                (ours != "sgd" or not momentum) and (ours != "momentum" or momentum):
+            r.set("optimizer", ours, "optimizer.type")
+            return
+
 
 def _config_class(source: str):
     """deepspeed.runtime.config.DeepSpeedConfig, imported quietly: importing deepspeed detects the accelerator and
@@ -296,10 +306,7 @@ def _settings(cfg, raw: dict, r: Reading, auto: list) -> None:
     par = getattr(z.offload_param, "device", None) if z.offload_param else None
     opt, par = (str(getattr(x, "value", x)) if x is not None else "none" for x in (opt, par))
     read_offload(r, opt, par, "zero_optimization.offload_optimizer", "zero_optimization.offload_param")
-    name = cfg.optimizer_name
-    if name in OPTIMIZERS:
-        momentum = (cfg.optimizer_params or {}).get("momentum", 0)
-        r.set("optimizer", "momentum" if name == "SGD" and momentum else OPTIMIZERS[name], "optimizer.type")
+    read_optimizer(cfg, r)
     if "activation_checkpointing" in raw:  # DeepSpeed's checkpointing API (the model must call it: HF
         # gradient_checkpointing=True): every layer recomputed, as the writer emits it
         r.set("recompute", "full", "activation_checkpointing")

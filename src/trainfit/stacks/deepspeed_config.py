@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from . import get_stack
 
+# trainfit's --optimizer as the "type" of a DeepSpeed config's optimizer block (deepspeed 0.19.8 runtime/engine.py
+# _configure_basic_optimizer): DeepSpeed's own Adam / AdamW (:2486-2492) and Lion (:2505-2511), else torch.optim's class
+# of that name, SGD (:2548; momentum: trainfit's SGD with a momentum buffer). DeepSpeedConfig lower-cases DeepSpeed's
+# own names (runtime/config.py:518-520) and keeps torch.optim's as written
+OPTIMIZER_TYPES = {"adam": "Adam", "adamw": "AdamW", "lion": "Lion", "sgd": "SGD", "momentum": "SGD"}
+
 
 def ds_config(s) -> dict:
     """DeepSpeed config JSON. train_batch_size = micro × accumulation × dp (DeepSpeed checks this identity). The
