@@ -23,7 +23,7 @@ from .output import check_writable, writing
 from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, fit_numbers, held_sentence, verdict_word
 from .sweep import SweepResult, run_sweep, sweep_html_table
 from .time_bar import time_section
-from .terminal import NOT_COUNTED, PHASE_NAMES, budget_rows, step_time_label, compare_summary, memory_rows, setup_line, time_cells
+from .terminal import PHASE_NAMES, budget_rows, not_counted, step_time_label, compare_summary, memory_rows, setup_line, time_cells
 
 CSS = """
 :root { --fg:#1d2330; --muted:#5b6475; --line:#e3e6ec; --ok:#1a7f37; --bad:#c62828; --accent:#4C72B0; }
@@ -92,7 +92,7 @@ def _verdict(e: Estimate) -> str:
                   if e.fit is not None else "")
         cards.insert(0, (f"on {escape(t.gpu)}{held}", fit, f"{judged}headroom {fmt_bytes(t.headroom)}"))
         if e.setup.mode == "train":
-            cards.append((step_time_label(t.mfu, e.flops.step > 0, e.engine == "measure"), fmt_seconds(t.step_seconds),
+            cards.append((step_time_label(e), fmt_seconds(t.step_seconds),
                           f"{fmt_count(t.tokens_per_second)} tokens/s"))
         elif e.setup.mode == "serve":  # the engine under load (analytic/serving_time.py)
             ld = e.detail.serving.load
@@ -100,7 +100,7 @@ def _verdict(e: Estimate) -> str:
                           f"TTFT {fmt_seconds(ld['ttft_seconds'])}, TPOT {fmt_seconds(ld['tpot_seconds'])}"
                           if ld else "no request fits the KV cache"))
         elif e.setup.mode == "rl":  # (Timing's prefill_seconds is the whole generate phase: estimate's table)
-            cards.append((step_time_label(t.mfu, e.flops.step > 0, e.engine == "measure"), fmt_seconds(t.step_seconds),
+            cards.append((step_time_label(e), fmt_seconds(t.step_seconds),
                           f"{t.decode_tokens_per_second:,.0f} generated tokens/s"))
         elif t.decode_tokens_per_second is None:  # an encoder (BERT): nothing is decoded
             cards.append(("prefill", fmt_seconds(t.prefill_seconds), "an encoder: no decode"))
@@ -154,9 +154,8 @@ def _breakdown(e: Estimate, traced: Estimate | None) -> str:
     crow = [["parameters", f"{fmt_count(e.params)} ({e.params:,})"]]
     if e.params_per_rank != e.params:
         crow.append(["parameters per GPU", fmt_count(e.params_per_rank)])
-    counted, measured = f.step > 0, e.engine == "measure"
-    if not counted:  # (terminal.py NOT_COUNTED)
-        crow.append(["FLOPs", NOT_COUNTED.get(e.engine, "not counted (the analytic engine's)")])
+    if not_counted(e) is not None:
+        crow.append(["FLOPs", not_counted(e)])
     elif e.setup.mode == "rl":
         crow += [["FLOPs per step (generate + score + train)", fmt_count(f.step, "FLOP")],
                  ["model FLOPs per trained token", fmt_count(f.per_token, "FLOP")]]
@@ -168,11 +167,11 @@ def _breakdown(e: Estimate, traced: Estimate | None) -> str:
         crow += [["prefill FLOPs", fmt_count(f.forward, "FLOP")], ["forward FLOPs per token", fmt_count(f.per_token, "FLOP")]]
     t = e.time
     if t is not None and e.setup.mode == "rl":
-        crow += [[step_time_label(t.mfu, counted, measured), fmt_seconds(t.step_seconds)]]
+        crow += [[step_time_label(e), fmt_seconds(t.step_seconds)]]
         crow += [[f"&nbsp;&nbsp;{name.replace('_', ' ')}", fmt_seconds(secs)]
                  for name, secs in e.detail.rl.phase_seconds.items()]
     elif t is not None and e.setup.mode == "train":
-        crow += [[step_time_label(t.mfu, counted, measured), fmt_seconds(t.step_seconds)], ["tokens/s (all GPUs)", fmt_count(t.tokens_per_second)]]
+        crow += [[step_time_label(e), fmt_seconds(t.step_seconds)], ["tokens/s (all GPUs)", fmt_count(t.tokens_per_second)]]
     elif t is not None and e.setup.mode == "serve":
         ld = e.detail.serving.load
         crow += [["TTFT", fmt_seconds(ld["ttft_seconds"])], ["TPOT", fmt_seconds(ld["tpot_seconds"])],

@@ -12,7 +12,7 @@ from ..estimate import Estimate
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, fit_numbers, verdict_word
 
-# what the FLOPs row says where an engine counted none
+# what the FLOPs row says where an engine counted none (not_counted)
 NOT_COUNTED = {"measure": "not counted by real steps (the analytic engine's)",
                "trace": "not counted by this trace (the analytic engine's)"}
 PHASE_NAMES = {"forward_end": "forward end", "backward": "backward", "optimizer_step": "optimizer step",
@@ -193,11 +193,9 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
     if e.params_per_rank != e.params:
         c.add_row("parameters per GPU", fmt_count(e.params_per_rank))
     f = e.flops
-    # a step every engine times has matmuls: none counted means the engine did not count them (measure/runner.py
-    # to_estimate, the RL trace: trace/rl.py) — no FLOP rows, no MFU
-    counted, measured = f.step > 0, e.engine == "measure"
-    if not counted:
-        c.add_row("FLOPs", NOT_COUNTED.get(e.engine, "not counted (the analytic engine's)"))
+    measured = e.engine == "measure"
+    if not_counted(e) is not None:
+        c.add_row("FLOPs", not_counted(e))
     elif e.setup.mode == "rl":
         c.add_row("FLOPs per step (generate + score + train)", fmt_count(f.step, "FLOP"))
         c.add_row("model FLOPs per trained token", fmt_count(f.per_token, "FLOP"))
@@ -215,14 +213,14 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
         c.add_row(*judged)
     if tm is not None:
         if e.setup.mode == "rl":
-            c.add_row(step_time_label(tm.mfu, counted, measured),
+            c.add_row(step_time_label(e),
                       fmt_seconds(tm.step_seconds))
             for name, secs in e.detail.rl.phase_seconds.items():
                 c.add_row(f"[dim]  {PHASE_NAMES.get(name, name)}[/dim]",
                           f"[dim]{fmt_seconds(secs)} ({secs / tm.step_seconds:.1%})[/dim]")
             c.add_row("generated tokens/s", f"{tm.decode_tokens_per_second:,.0f}")
         elif e.setup.mode == "train":
-            c.add_row(step_time_label(tm.mfu, counted, measured),
+            c.add_row(step_time_label(e),
                       fmt_seconds(tm.step_seconds))
             for name, secs, share in step_term_rows(e):
                 c.add_row(f"[dim]  {name.replace('_', ' ')}[/dim]", f"[dim]{fmt_seconds(secs)} ({share:.1%})[/dim]")
@@ -334,6 +332,14 @@ def render_side_by_side(estimates: list[Estimate], console: Console | None = Non
     console.print(t)
 
 
-def step_time_label(mfu: float, counted: bool, measured: bool) -> str:
+def not_counted(e: Estimate) -> str | None:
+    """What the FLOPs row says where the engine counted none (a step every engine times has matmuls: measure/
+    runner.py to_estimate and the RL trace, trace/rl.py, count none), else None: no FLOP rows and no MFU then."""
+    return None if e.flops.step > 0 else NOT_COUNTED.get(e.engine, "not counted (the analytic engine's)")
+
+
+def step_time_label(e: Estimate) -> str:
     """The step-time row's label: with the MFU where the FLOPs were counted, else whether the step was measured."""
-    return f"step time (MFU {mfu:.0%})" if counted else "step time (measured)" if measured else "step time"
+    if not_counted(e) is None:
+        return f"step time (MFU {e.time.mfu:.0%})"
+    return "step time (measured)" if e.engine == "measure" else "step time"
