@@ -2,6 +2,7 @@
 assignments dropped, the arguments after the program (`marker`) returned with the launcher's own."""
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -64,6 +65,21 @@ def yaml_config(argv: list[str], script: Path, tool: str, any_case: bool = False
         raise SetupError(f"{found}: {tool}'s --config file is a YAML mapping of flag names to values (e.g. "
                          "'tensor-parallel-size: 2'): fix the file")
     return found, data
+
+
+def config_flags(data: dict, boolean) -> list[str]:
+    """A --config YAML mapping as the flags the engine's parser reads (vLLM's load_config_file, SGLang's
+    ConfigArgumentMerger alike: each key its flag, a list its items, a mapping JSON, else the value as text);
+    `boolean(key, value)`: a true or false value's words, which the two engines spell differently."""
+    flags: list[str] = []
+    for k, v in data.items():
+        if isinstance(v, bool):
+            flags += boolean(k, v)
+        elif isinstance(v, list):
+            flags += [f"--{k}", *map(str, v)] if v else []
+        else:
+            flags += [f"--{k}", json.dumps(v) if isinstance(v, dict) else str(v)]
+    return flags
 
 
 def launcher_world(before: list[str]) -> int | None:

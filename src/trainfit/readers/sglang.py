@@ -5,12 +5,11 @@ plan/emit_sglang.py: fields/model.py, parallel.py, schedule.py, exec_.py, spec.p
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading
-from .cmdline import parse_flags, split, yaml_config
+from .cmdline import config_flags, parse_flags, split, yaml_config
 from .vllm import DTYPES, account
 
 KV = {"fp8_e4m3": "fp8", "fp8": "fp8", "bfloat16": "bf16", "bf16": "bf16"}
@@ -77,14 +76,8 @@ def with_config(argv: list[str], path: Path) -> tuple[list[str], Path | None]:
         return argv, None
     found, data = got
     switches = {a.dest for a in parser()._actions if isinstance(a, argparse._StoreTrueAction)}
-    keys: list[str] = []
-    for k, v in data.items():
-        if isinstance(v, bool):
-            keys += ([f"--{k}"] if v else []) if str(k).replace("-", "_") in switches else [f"--{k}", str(v).lower()]
-        elif isinstance(v, list):
-            keys += [f"--{k}", *map(str, v)] if v else []
-        else:
-            keys += [f"--{k}", json.dumps(v) if isinstance(v, dict) else str(v)]
+    keys = config_flags(data, lambda k, v: ([f"--{k}"] if v else []) if str(k).replace("-", "_") in switches
+                        else [f"--{k}", str(v).lower()])
     i = argv.index("--config")
     return [*keys, *argv[:i], *argv[i + 2:]], found
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading
-from .cmdline import human_readable_int, leftover_flags, parse_flags, split, yaml_config
+from .cmdline import config_flags, human_readable_int, leftover_flags, parse_flags, split, yaml_config
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 # --kv-cache-dtype: the CacheDType values (config/cache.py, "auto" apart) trainfit models; vLLM has no float32 KV
@@ -156,14 +156,9 @@ def with_config(argv: list[str], path: Path) -> tuple[list[str], Path | None]:
         return argv, None
     found, data = got
     i = argv.index("--config")
-    keys: list[str] = []
-    for k, v in data.items():
-        if isinstance(v, bool):  # (:654-658: --no-KEY only where the parser has that option string)
-            keys += [f"--{k}"] if v else [f"--no-{k}"] if "_" not in str(k) and k not in STORE_TRUE else []
-        elif isinstance(v, list):
-            keys += [f"--{k}", *map(str, v)] if v else []
-        else:
-            keys += [f"--{k}", json.dumps(v) if isinstance(v, dict) else str(v)]
+    # (:654-658: false the --no-KEY form only where the parser has that option string)
+    keys = config_flags(data, lambda k, v: [f"--{k}"] if v else [f"--no-{k}"] if "_" not in str(k)
+                        and k not in STORE_TRUE else [])
     rest = argv[:i] + argv[i + 2:]
     if rest and not rest[0].startswith("-"):  # the model on the command line (after model_first): it stays first
         return [rest[0], *keys, *rest[1:]], found
