@@ -175,12 +175,12 @@ def test_training_step_kernels_match_the_op_list(family, precision):
 def test_prefill_op_list_flops_are_the_closed_form_ones(model, seq):
     """The prefill's op list (its GEMMs, Whisper's convolutions and the attention calls) does the FLOPs of
     encoder_decoder.prefill_flops (checked against the trace's FlopCounterMode in test_encoder_decoder_analytic.py)
-    at an input and a target of different lengths, Whisper's causal self-attention counted over every key as
-    FlopCounterMode counts an is_causal SDPA call (the op list's causal op: the (s + 1) / 2 keys the kernel visits)."""
+    at an input and a target of different lengths: Whisper's is_causal self-attention over the (t + 1) / 2 keys its
+    kernel visits, BART's, whose mask is a tensor, over every key."""
     from trainfit.analytic.encoder_decoder import prefill_flops
     from trainfit.models.resolve import load_model
 
     spec = load_model(model)
     setup = Setup(batch=3, seq=seq, target_seq=50, precision="bf16", device="cuda", mode="infer")
     prefill, _ = prefill_decode_lists(spec, setup)
-    assert sum(o._replace(causal=False).flops for o in prefill) == prefill_flops(spec, setup)
+    assert sum(o.flops for o in prefill) == prefill_flops(spec, setup)

@@ -206,15 +206,18 @@ def prefill_flops(spec: ModelSpec, setup: Setup) -> float:
     - the encoder, --seq positions through each block's q, k, v, out_proj and fc1/fc2 and its bidirectional SDPA,
       q.k^T and probs.v over --seq keys (2 x 2 x d_model per key);
     - the decoder, --target-seq tokens through each block's self-attention linears, the cross-attention's q and
-      out_proj and fc1/fc2, its self-attention over --target-seq keys (NB: every key, the causal half included, as
-      torch's SDPA flop formula counts it) and its cross-attention over --seq keys, whose k and v project the
-      encoder's --seq positions;
+      out_proj and fc1/fc2, its self-attention over the keys its kernel visits: the causal (t + 1) / 2 on average
+      where SDPA runs is_causal (Whisper: no mask tensor, encdec_frontends.FRONT_ENDS; the fused kernels skip the
+      masked blocks, trace/flops.py), every key where a mask tensor is passed (BART) or under eager attention,
+      whose matmuls are whole; and its cross-attention over --seq keys, whose k and v project the encoder's --seq
+      positions;
     - lm_head / proj_out over every target position.
     NB: biases, norms, positions, softmax and activations are elementwise and left out, as in flops.py."""
     b, s, t, h = setup.batch, setup.seq, setup.target_tokens, spec.hidden
     mlp_e = 2 * h * fe.mlp_width(spec, False)
     mlp_d = 2 * h * fe.mlp_width(spec, True)
     encoder = spec.layers * b * s * (2 * (4 * h * h + mlp_e) + 4 * h * s)
-    decoder = spec.encdec.decoder_layers * b * (t * (2 * (6 * h * h + mlp_d) + 4 * h * t + 4 * h * s)
+    self_keys = t if fe.eager(spec, setup) or fe.front_end(spec, True).causal_mask else (t + 1) / 2
+    decoder = spec.encdec.decoder_layers * b * (t * (2 * (6 * h * h + mlp_d) + 4 * h * self_keys + 4 * h * s)
                                                 + s * 2 * 2 * h * h)
     return fe.conv_flops(spec, setup) + encoder + decoder + 2 * b * t * spec.vocab * h

@@ -4,10 +4,15 @@ Formulas: PyTorch's own `torch.utils.flop_counter.flop_registry` (the ones FlopC
 2*m*n*k per matmul, the SDPA counts, convolutions), called directly from our hook instead of running
 FlopCounterMode as a second dispatch mode, which would add its pytree walks and module tracker to
 every op. The registry has no entry for the CPU flash-attention kernel that SDPA picks on CPU, so we
-map it to the registry's SDPA counts (same formula as the CUDA flash kernel: it counts the full
-score matrix, NB causal masking halves the useful work but not the count, as in FlopCounterMode),
-and every SDPA kernel's count is taken with k/v broadcast to the query's heads (GQA), which torch
-before 2.13 asserts against (seen on torch 2.11 on an H200: every GQA model's CUDA trace failed).
+map it to the registry's SDPA counts, and every SDPA kernel's count is taken with k/v broadcast to the query's heads
+(GQA), which torch before 2.13 asserts against (seen on torch 2.11 on an H200: every GQA model's CUDA trace failed).
+A call with is_causal counts the (query, key) pairs the mask keeps (roofline.attention_pairs), not the full score
+matrix FlopCounterMode counts (torch 2.13 flop_counter.py sdpa_flop_count reads no is_causal): the fused kernels
+skip the masked key blocks (FlashAttention-2 §4.1 'divide by 2 for causal'; torch's CPU flash kernel,
+aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, stops each query block's key loop at the diagonal: a causal
+4,096-token call runs in 0.61x the time of a full one on this project's 2-core test machine), so the count is the
+hardware's, as the analytic engine's op lists count it (ops/op.py Op.flops). NB: the diagonal blocks are computed
+whole, so the kernels execute slightly more than the kept pairs (a low count by at most half a block per row).
 The registry also has no entry for the grouped GEMM (`aten._grouped_mm`, `aten._scaled_grouped_mm`; none in torch
 2.13's flop_counter.py) that transformers 5.24 runs MoE experts through (integrations/moe.py:379-381,
 called from `grouped_mm_experts_forward`), so we add `GROUPED_MM_FLOPS` below, in the form FlopCounterMode's
@@ -28,6 +33,8 @@ from collections import defaultdict
 import torch
 from torch.utils import flop_counter as fc
 
+from ..analytic.roofline import attention_pairs
+
 aten = torch.ops.aten
 
 
@@ -42,14 +49,41 @@ def _heads_of(x, heads: int):
     return (b, heads, s, d)
 
 
-def _sdpa_fwd(query, key, value, *args, **kwargs) -> int:
-    h = query.shape[1]
-    return fc.sdpa_flop_count(query.shape, _heads_of(key, h), _heads_of(value, h))
+def _kept(query, key, causal: bool) -> float:
+    """The share of the score matrix the call computes: the pairs an is_causal mask keeps (the module docstring).
+    NB: bottom-right aligned (FlashAttention's); a call with is_causal has as many queries as keys in the traced
+    steps (transformers' sdpa_attention passes is_causal only without a mask, i.e. no cache offset)."""
+    if not causal:
+        return 1.0
+    s_q, s_kv = query.shape[2], key.shape[2]
+    return attention_pairs(s_q, s_kv, True) / (s_q * s_kv)
 
 
-def _sdpa_bwd(grad_out, query, key, value, *args, **kwargs) -> int:
+def _sdpa_fwd(causal: bool, query, key, value, *args, **kwargs) -> int:
     h = query.shape[1]
-    return fc.sdpa_backward_flop_count(grad_out.shape, query.shape, _heads_of(key, h), _heads_of(value, h))
+    return round(fc.sdpa_flop_count(query.shape, _heads_of(key, h), _heads_of(value, h)) * _kept(query, key, causal))
+
+
+def _sdpa_bwd(causal: bool, grad_out, query, key, value, *args, **kwargs) -> int:
+    """The backward's model FLOPs: d(probs·v) and d(q·kᵀ), four products, twice the forward (Kaplan et al. 2020 §2.1:
+    backward = 2 x forward), as the analytic engine counts them. torch's sdpa_backward_flop_count adds a fifth, the
+    score matrix the fused kernel recomputes from q and k (its 'Step 1'): the kernel's own recomputation, not the
+    model's, left out as checkpointing is out of the model FLOPs. NB: the GPU executes 1.25x the attention backward
+    counted here."""
+    h = query.shape[1]
+    k = _heads_of(key, h)
+    n = fc.sdpa_backward_flop_count(grad_out.shape, query.shape, k, _heads_of(value, h))
+    b, _, s_q, d = query.shape
+    rescored = fc.bmm_flop((b * h, s_q, d), (b * h, d, k[2]))
+    return round((n - rescored) * _kept(query, key, causal))
+
+
+def _is_causal(func, args, kwargs) -> bool:
+    """The call's is_causal argument, wherever its schema puts it (the SDPA kernels differ: flash 4th, efficient 6th,
+    their backwards later)."""
+    names = [a.name for a in func._schema.arguments]
+    i = names.index("is_causal")
+    return bool(args[i] if i < len(args) else kwargs.get("is_causal", False))
 
 
 def grouped_mm_flop(a_shape, b_shape, offs=None, *args, out_shape=None, **kwargs) -> int:
@@ -124,7 +158,7 @@ class FlopCounter:
         if how == "registry":
             n = fn(*args, **kwargs, out_val=out)
         else:
-            n = fn(*args, **kwargs)
+            n = fn(_is_causal(func, args, kwargs), *args, **kwargs)
         phase = self.rec.phase
         mods = self.rec.modules
         inside = bool(mods is not None and mods.stack)
