@@ -202,13 +202,19 @@ def reserved_from_allocated(peak: int, transient: int = 0, side_streams: int = 0
     return peak + transient + side_streams
 
 
-def device_memory(step_reserved: int, gpu: GPU | None, setup) -> tuple[int, int | None, dict[str, int], dict[str, int]]:
+def device_memory(step_reserved: int, gpu: GPU | None, setup,
+                  required: int = 0) -> tuple[int, int | None, dict[str, int], dict[str, int]]:
     """(reserved, device_total, overheads, allocator-held buffers) from what the step's own tensors reserve (the
     analytic engine's reserved_from_allocated, the trace engine's allocator replay) (DESIGN.md §4c): reserved adds
     the library buffers taken through the caching allocator (cuBLAS workspace), device total = reserved + the
-    fixed overheads beside it (None without a GPU: the context and workspace depend on it)."""
+    fixed overheads beside it (None without a GPU: the context and workspace depend on it).
+    required: the fit rule's bytes for the same tensors (fit_rule.required), a floor under step_reserved: a run the
+    allocator does not limit caches at least what a limited one cannot release. The analytic reserved leaves out
+    the live parameters' segment slack that required counts (fit_rule.segment_slack), so where the step frees
+    little it read below required (bert-base seq-cls, batch 32 x 512: 7.66 against 7.67 GiB). NB: the floor
+    still leaves the slack out where the freed blocks exceed it (under by at most segment_slack)."""
     held = allocator_held(gpu, setup)
-    reserved = step_reserved + sum(held.values())
+    reserved = max(step_reserved, required) + sum(held.values())
     if gpu is None:
         return reserved, None, {}, held
     beside = overheads(gpu, setup)

@@ -320,7 +320,7 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
     at = mem.at_peak
     needed = expandable.required(mem) if expandable_segments else fit_rule.required(spec, setup, mem, pc)
     reserved, device_total, beside, held = overheads.device_memory(
-        step_reserve(spec, setup, mem, pc, expandable_segments), gpu, setup)
+        step_reserve(spec, setup, mem, pc, expandable_segments), gpu, setup, needed)
     paged, evicted, host = mem.paged_optimizer_states or 0, 0, mem.host_memory
     if paged and gpu is not None:  # unified memory: resident where the rest leaves room, else on the host
         device_total, evicted = overheads.with_paged(device_total, beside, paged, gpu, reserve)
@@ -441,8 +441,8 @@ def _infer(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
     if spec.encdec is not None:  # two stacks over --seq and --target-seq tokens (encoder_decoder.py): per prompt token
         fpt = encoder_decoder.prefill_flops(spec, setup) / (setup.batch * setup.seq)
         prefill_flops = fpt * setup.batch * setup.seq / (setup.tp * setup.pp)
-    reserved, device_total, beside, held = overheads.device_memory(infer_reserve(spec, setup, m), gpu, setup)
     needed = fit_rule.infer_required(spec, setup, m)
+    reserved, device_total, beside, held = overheads.device_memory(infer_reserve(spec, setup, m), gpu, setup, needed)
     # what the peak holds, adding up to it: the weights and the cache, the prefill's largest layer transient where
     # the prefill peaks, and the rest (the logits, the prompt ids, autocast's casts, the moment's other tensors:
     # inference.infer_memory) as temporaries
@@ -727,7 +727,7 @@ def _rl(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
     # what they allocate (NB: their own freed blocks are not modelled: under)
     cached = step_reserve(spec, ts, p) - p.peak
     needed = m.peak + fit_rule.required(spec, ts, p) - p.peak
-    reserved, device_total, beside, held = overheads.device_memory(m.peak + cached, gpu, ts)
+    reserved, device_total, beside, held = overheads.device_memory(m.peak + cached, gpu, ts, needed)
     weights = p.weights + sum(o.resident for o in m.others if o.role != "critic") + m.rollout.engine_weights
     co = critic  # the critic trained on the actor's GPUs
     if setup.rl_placement == "split":  # the actor's GPUs hold the actor alone (the other groups': detail.rl)

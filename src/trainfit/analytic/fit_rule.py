@@ -57,7 +57,7 @@ def required(spec: ModelSpec, setup: Setup, mem, pc=None) -> int:
     gradient, +3 to +7 %), under where more than one is pinned (full recompute's re-run forwards carve the loss's
     and the MLP's freed blocks: gpt2, pythia-160m -9 to -11 %; llama-3.1-8b bf16, two of the loss's blocks: -2.1 %)
     and by the activations' 20 MiB segment slack in sub-GiB steps; mostly over on real-size steps (a conservative
-    verdict). Can exceed the analytic reserved by segment_slack, which reserved_from_allocated leaves out."""
+    verdict). The floor of the reported reserved (overheads.device_memory), which leaves segment_slack out."""
     return mem.peak + pinned_block(_engine.transient_blocks(spec, setup, mem, pc)) + segment_slack(spec, setup, mem)
 
 
