@@ -72,3 +72,13 @@ def test_lazy_group_has_typers_commands_and_builds_only_the_invoked_one():
         assert type(a) is type(b) and a.help == b.help, name
         assert [(p.name, p.opts, p.default, p.type_descriptor.annotation) for p in a.params] == \
             [(p.name, p.opts, p.default, p.type_descriptor.annotation) for p in b.params], name
+
+
+def test_python_m_trainfit_runs_the_command():
+    """`python -m trainfit` is the `trainfit` command (src/trainfit/__main__.py): the same output, and exit 2 with one
+    line for a bad model, as the installed script gives."""
+    ok = subprocess.run([sys.executable, "-m", "trainfit", "estimate", "tiny-llama", "--batch", "1", "--seq", "64"],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0 and "tiny-llama" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "trainfit", "estimate", "no-such-model"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr + bad.stdout
