@@ -45,3 +45,24 @@ def test_interleaving_depths_go_down_to_one_layer_a_chunk():
     split = {(v.pp_split, v.vpp) for v in variants(load_spec("llama-3.1-405b"), Layout(8, 8, 16), Where(8192, 8),
                                                     {"pp_split", "vpp"})}
     assert ("embedding-loss", 8) in split and ("even", 8) not in split  # 126 + 2 = 16 x 8; 126 / 16 is not whole
+
+
+def test_plans_megatron_warns_against_carry_its_warning_where_it_fires():
+    """Megatron-LM warns against Megatron-FSDP (ZeRO 2/3) beside tensor or context parallelism below compute
+    capability 10 (core_v0.16.1 megatron/training/arguments.py:927-940: get_device_arch_version() < 10): each plan
+    with that layout on H100s carries the warning (terminal and JSON), none on B200s, where the check does not run,
+    and none without TP/CP or with the distributed optimizer (ZeRO 1)."""
+    warned = 0
+    for gpu, fires in (("H100-80GB", True), ("B200", False)):
+        r = CliRunner().invoke(app, ["plan", "llama-3.1-8b", "--stack", "megatron", "--gpus", "8", "--gpu", gpu,
+                                     "--seq", "4096", "--top", "20", "--json"])
+        assert r.exit_code == 0, r.output
+        for c in json.loads(r.stdout)["candidates"]:
+            s = c["setup"]
+            flagged = any("Megatron-FSDP" in w for w in c.get("warnings", []))
+            assert flagged == (fires and s["zero"] >= 2 and (s["tp"] > 1 or s["cp"] > 1)), s
+            warned += flagged
+    assert warned  # the H100 search ranks such a layout among its top 20
+    text = CliRunner().invoke(app, ["plan", "llama-3.1-8b", "--stack", "megatron", "--gpus", "8", "--gpu",
+                                    "H100-80GB", "--seq", "4096", "--top", "20"]).stdout
+    assert "warning: Megatron-LM warns against Megatron-FSDP" in text

@@ -45,6 +45,7 @@ from ..analytic.layout import check_stack_model, validate_layout
 from ..analytic.ops import WHOLE_LAYER
 from ..analytic.params import count_params
 from ..analytic.precision import state_bytes
+from ..analytic.stacks import model_for
 from ..analytic.step_time import layout_step_time
 from ..analytic.timing import budget
 from ..analytic.unmodelled import check_training_setup
@@ -221,6 +222,7 @@ class Candidate:
     time: StepTime  # the estimate's step-time terms (under --efficiency, the flat override's)
     estimate: Estimate  # the analytic engine's estimate of `setup` on the GPU: memory, headroom, fit
     budget: dict = field(default_factory=dict)  # with --tokens
+    warnings: tuple[str, ...] = ()  # what the stack's own code warns of for this setup on the GPU (StackModel.warnings)
 
     @property
     def peak(self) -> int:
@@ -405,7 +407,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
             continue
         if q.efficiency is None:
             tm = est.detail.step_time
-        c = Candidate(setup, tm, est)
+        c = Candidate(setup, tm, est, warnings=tuple(model_for(setup).warnings(spec, setup, gpu)))
         if tokens:
             c.budget = budget(tokens, tm.tokens_per_second, setup.world_size, gpu, tm.as_dict())
         cands.append(c)

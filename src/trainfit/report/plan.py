@@ -45,6 +45,8 @@ def candidate_dict(c: Candidate) -> dict:
         d["budget"] = c.budget
     if getattr(c, "verify", None):
         d["verify"] = c.verify
+    if c.warnings:
+        d["warnings"] = list(c.warnings)
     return d
 
 
@@ -154,6 +156,8 @@ def render(r: PlanResult, echo=print) -> None:
     for i, c in enumerate(r.candidates, 1):
         if run_flags(c.setup):
             echo(f"#{i} runs {run_flags(c.setup)}")
+        for w in c.warnings:
+            echo(f"#{i} warning: {w}")
     echo(f"searched {st['searched']:,} configurations ({st['groups']} layout/ZeRO/recompute/precision groups, "
          f"memory judged for {st['memory_judged']:,} of them, {st['fits']:,} fitting; "
          f"{st['engine_calls']:,} analytic-engine calls) in "

@@ -107,8 +107,13 @@ class StackModel:
     def check_model(self, spec: ModelSpec, setup: Setup) -> None:
         """Raise SetupError when the stack does not build this model (every model here)."""
 
+    def warnings(self, spec: ModelSpec, setup: Setup, gpu=None) -> list[str]:
+        """What the stack's own code warns of when it starts this step on `gpu` (None: any GPU), in the estimate's
+        notes and beside each plan that draws one (plan/search.py Candidate.warnings): none here."""
+        return []
+
     def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
-        """What the estimate's notes say of the stack's step."""
+        """What the estimate's notes say of the stack's step (its warnings apart: warnings)."""
         if self.torch_data_parallel and setup.dp > 1 and setup.zero == 0:
             return ["DDP keeps a gradient-sized bucket buffer (counted in temporaries)"]
         return []

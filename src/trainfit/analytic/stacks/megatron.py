@@ -121,9 +121,10 @@ class MegatronModel(StackModel):
             raise SetupError(f"--offload-layers {setup.offload_layers}: Megatron offloads fewer layers than the "
                              f"model's {spec.layers} (transformer_config.py:1137-1142): use at most {spec.layers - 1}")
 
-    def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
-        out = te_recipes.notes(spec, setup)  # --low-precision: Transformer Engine's recipe
-        if setup.zero >= 2 and (setup.tp > 1 or setup.cp > 1):
+    def warnings(self, spec: ModelSpec, setup: Setup, gpu=None) -> list[str]:
+        out = []
+        # the check runs below compute capability 10 (arguments.py:927-928 get_device_arch_version() < 10)
+        if setup.zero >= 2 and (setup.tp > 1 or setup.cp > 1) and (gpu is None or not _blackwell(gpu)):
             out.append("Megatron-LM warns against Megatron-FSDP (--zero 2/3) with tensor or context parallelism on "
                        "Hopper and earlier: sequence parallelism wants CUDA_DEVICE_MAX_CONNECTIONS=1, FSDP more "
                        "(Megatron-LM core_v0.16.1 megatron/training/arguments.py:927-940); modelled as if both overlap")
@@ -131,6 +132,15 @@ class MegatronModel(StackModel):
             out.append("Megatron warns that expert and tensor parallelism need --sequence-parallel "
                        "(model_parallel_config.py:440-445); the MoE layers are modelled as with it")
         return out
+
+    def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
+        return te_recipes.notes(spec, setup)  # --low-precision: Transformer Engine's recipe
+
+
+def _blackwell(gpu) -> bool:
+    """Compute capability 10 or later: the GPUs data/kernels.toml files under the Blackwell generation."""
+    from ..roofline import kernels_for
+    return kernels_for(gpu).generation == "blackwell"
 
 
 MODEL = MegatronModel()
