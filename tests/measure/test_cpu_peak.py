@@ -169,6 +169,11 @@ def test_steady_state_categories_gpt2_adamw():
     assert e.engine == "measure" and e.memory.peak == r.peak
     assert set(e.memory.phases) <= {"forward_end", "backward", "optimizer_step"}
     assert e.memory.peak_phase in e.memory.phases
+    # the report's rows: what the records cannot separate is shown as the rest of the peak, not as 0 B temporaries
+    from trainfit.report.terminal import memory_rows
+    rows = dict(memory_rows(e))
+    assert "temporaries at the peak" not in rows
+    assert rows["gradients, activations, temporaries at the peak (not separated)"] == r.peak - r.baseline > r.gradients
 
 
 def test_bf16_master_categories():

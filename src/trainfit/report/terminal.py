@@ -114,7 +114,11 @@ def memory_rows(e: Estimate) -> list[tuple[str, int]]:
                        ("KV cache (all blocks)", m.kv_cache)]
     else:
         rows += [("KV cache", m.kv_cache), ("activations (one layer, transient)", m.activations)]
-    rows.append(("temporaries at the peak", m.temporaries))
+    if "other" in m.at_peak:  # measured: allocation records do not tell these apart (measure/runner.py to_estimate)
+        rest = "gradients, activations, temporaries" if e.setup.mode == "train" else "activations, logits"
+        rows.append((f"{rest} at the peak (not separated)", m.at_peak["other"]))
+    else:
+        rows.append(("temporaries at the peak", m.temporaries))
     return rows
 
 
