@@ -45,10 +45,10 @@ CPU_RNG_STATE); each stack keeps its relative bias (1, heads, q, k), the decoder
 the cross-attention's zero bias (T5Attention.forward :335-342), all checkpoint inputs; in its backward a block runs
 its forward again: its whole saved set is live again beside the incoming gradient and the backward's own
 temporaries.
-NB: the forward's own high points are not moments (each stack's first block at its relative bias's bucketing,
-encoder_decoder.bias_moment, (q, k) int64 temporaries): they come before the blocks after them have saved
-anything, and every later block keeps more than they add (three (b, heads, q, k) fp32 tensors per attention on a
-CPU, the (1, heads, q, k) bias copy and the MLP's (rows, d_ff) tensors on CUDA).
+The forward's own high points (forward_moment: each stack's relative bias, held through its blocks and kept by none,
+its first block's bucketing, its self-attention's mask copies) are moments too without recomputation: a long input
+or target over few heads puts the peak there (tiny-t5 at 1024 + 128 tokens). NB: under full recomputation they are
+not counted (under where the forward's bias outweighs the re-run's moments).
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, dropout_mask_bytes
 from .encdec_frontends import encoder_input
-from .encoder_decoder import absolute, fp32_gelu, inner
+from .encoder_decoder import absolute, bucket_live, fp32_gelu, inner
 from .optimizer import PAGED, optimizer_temporaries, state_bytes_unsharded
 from .params import ParamCounts, relative_bias_params
 from .parallel.zero import model_states, params_at_rest
@@ -245,6 +245,48 @@ def held_per_stack(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool)
     return out
 
 
+def forward_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, first: bool) -> float:
+    """A block's forward high point, its saved tensors so far included (phases.LayerKind.forward), without
+    recomputation: T5Stack.forward (modeling_t5.py:726-745) holds its input embeddings (inputs_embeds) and the
+    relative bias its first block made (position_bias, (1, heads, q, k) in the weights' dtype: the Embedding keeps
+    only its indices) as locals through every block, so a long input's stack carries (heads, q, q) tensors that no
+    block saves. The largest of:
+    - a first block at its relative bias's bucketing (encoder_decoder.bucket_live over the (q, k) pairs, the bucket
+      indices kept among them), its norm, q, k, v and their casts made;
+    - its self-attention at SDPA's mask (sdpa_attention.py create_position_bias_mask :54-91), beside the bias: at the
+      mask's contiguous copy, the sublayer's norm, casts, q, k and v (and the decoder's torch.where output it
+      copies, with its causal mask); then inside the SDPA call the sublayer's kept set (as attention_moment's: norm,
+      core, casts, causal mask, bucket indices) and the copy where the core does not keep it (autocast keeps its
+      16-bit cast; the math path, a CPU, keeps no mask, nor under autocast that cast);
+    - its end: its whole saved set beside the bias (and, on the math path, the decoder's cross-attention zero bias,
+      which no kernel keeps there, T5Attention.forward :335-342).
+    NB: the CPU math path's own (b, heads, q, k) temporaries inside SDPA are not counted (under); nor the stack's
+    final norm beside its last block's end (under, a few (rows, d_model) tensors)."""
+    h, b, q = spec.hidden, setup.batch, inner(spec)
+    q_len = setup.target_tokens if decoder else setup.seq
+    rows, pairs = b * q_len, spec.heads * q_len * q_len
+    efficient = efficient_attention(spec, setup, st)
+    embeds = rows * h * st.weight
+    bias = pairs * st.weight
+    if decoder and not efficient:
+        bias += spec.heads * q_len * setup.seq * st.act
+    core = attention_core(spec, setup, st, q_len, q_len)
+    kept = norm_saved(st, rows, h) + core + attention_casts(spec, st, rows, rows) + \
+        (q_len * q_len if decoder else 0) + (INDEX * q_len * q_len if first else 0)
+    copy = pairs * st.weight
+    # at the contiguous copy, before SDPA's call (q, k and v made, nothing of the core's own yet), beside the
+    # decoder's torch.where output; then inside the call, the copy beside what the core keeps where that is not the
+    # copy itself (autocast's cast, or the math path's own tensors and, under autocast, its cast of the mask)
+    at_copy = kept - core + 3 * rows * q * st.act + copy + (copy if decoder else 0)
+    at_call = kept + (copy if st.autocast or not efficient else 0) + (pairs * st.act if st.autocast and not efficient
+                                                                      else 0)
+    moments = [bias + at_copy, bias + at_call, bias + block_saved(spec, setup, st, decoder, first)]
+    if first:
+        moments.append(norm_saved(st, rows, h) + 3 * rows * q * st.act + attention_casts(spec, st, rows, rows)
+                       + q_len * q_len * bucket_live(decoder))
+    return embeds + max(moments)
+
+
 def block_moments(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, first: bool) -> list[Moment]:
     """A block's backward high points beside its saved tensors (backward.Moment), both in its MLP, whose backward
     runs first (modeling_t5.py:107-125, T5LayerFF :138-142), with the incoming gradient (the residual stream's):
@@ -410,7 +452,12 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
         m = max(terms.block_moments(spec, setup, st, decoder, first),
                 key=lambda x: x.extra - x.freed + x.grads_done * gb)
         own = ab.block_params(spec, decoder) if ab is not None else block_params(spec, pc, decoder, first)
-        kinds.append(LayerKind(saved, m.extra, m.freed, m.grads_done * gb, gradients=own * gb))
+        # the forward's high point (T5 without recomputation), with what the kind's saved set carries beside the
+        # block's own (the decoder's first: its embeddings, the encoder's end, the decoder ids). NB: not derived for
+        # BART's and Whisper's blocks (no relative bias) or under full recomputation: under where they are the peak
+        forward = 0.0 if (ab is not None or full) else forward_moment(spec, setup, st, decoder, first) + saved - \
+            terms.block_saved(spec, setup, st, decoder, first)
+        kinds.append(LayerKind(saved, m.extra, m.freed, m.grads_done * gb, gradients=own * gb, forward=forward))
     pattern = tuple([0] + [1] * (spec.layers - 1) + [2] + [3] * (spec.encdec.decoder_layers - 1))
     inputs = encoder_input(spec, setup, st) + INDEX * dec_rows  # input_ids (Whisper: input_features) and labels
     step = StepBytes(
