@@ -630,6 +630,60 @@ def test_vllm_config_file_bad_input_is_one_line_and_exit_2(tmp_path, cli, line, 
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
 
 
+# an SGLang --config file as SGLang's docs write one: its own flag names, dashes
+SGLANG_YAML = """model-path: meta-llama/Llama-3.1-8B
+tp-size: 2
+context-length: 8192
+mem-fraction-static: 0.8
+max-running-requests: 64
+disable-cuda-graph: true
+port: 30000
+"""
+
+
+@pytest.mark.parametrize("text, line", [
+    (VLLM_YAML, "vllm serve --config serve.yaml"),
+    (SGLANG_YAML, "python -m sglang.launch_server --config serve.yaml"),
+])
+def test_serving_config_yaml_by_itself_reads_as_its_engines_command(tmp_path, text, line):
+    """`check serve.yaml` of a bare vLLM or SGLang --config file was read as TrainingArguments ('serve.yaml names no
+    model: pass --model', or a training estimate). Told apart by keys only one engine's parser takes (vLLM's
+    max-model-len, tensor_parallel_size read as a dash; SGLang's model-path, tp-size, context-length), it reads as
+    the engine's command line with that --config does."""
+    (tmp_path / "serve.yaml").write_text(text)
+    sh = tmp_path / "serve.sh"
+    sh.write_text(line + "\n")
+    r, want = read(tmp_path / "serve.yaml"), read(sh)
+    assert (r.model, r.values, r.not_modelled, r.no_effect, r.unknown) == \
+        (want.model, want.values, want.not_modelled, want.no_effect, want.unknown)
+    assert r.values["mode"] == "serve" and r.values["tp"] == 2 and r.model == "meta-llama/Llama-3.1-8B"
+
+
+def test_serving_config_yaml_without_a_model_takes_model(tmp_path, cli):
+    """vLLM needs the model on its command line or in the file (argparse_utils.py:574-583): the file alone leaves it
+    to --model, as `vllm serve MODEL --config FILE` gives it."""
+    path = tmp_path / "serve.yaml"
+    path.write_text("tensor-parallel-size: 2\nmax-model-len: 8192\ngpu-memory-utilization: 0.85\n")
+    code, _, err = cli("check", str(path))
+    assert code == 2 and "names no model: pass --model" in err, err
+    code, out, err = cli("check", str(path), "--model", MODEL, "--gpu", "H100-80GB")
+    assert code == 0 and "--server vllm --tp 2 --max-model-len 8192 --gpu-memory-utilization 0.85" in out, err
+
+
+@pytest.mark.parametrize("name, text, says", [
+    ("serve.yaml", "model: m\nmax-model-len: 8192\ncontext-length: 8192\n",
+     "both vLLM's flags (max-model-len) and SGLang's (context-length)"),
+    ("serve.yaml", "model: m\ntensor-parallel-size: 2\nkv-cache-dtype: fp8\n",
+     "`vllm serve --config serve.yaml` or `python -m sglang.launch_server --config serve.yaml`"),
+    ("serve.json", '{"model": "m", "max_model_len": 8192}', "vLLM reads a .yaml or .yml one only"),
+])
+def test_serving_config_of_no_one_engine_is_one_line_and_exit_2(tmp_path, cli, name, text, says):
+    path = tmp_path / name
+    path.write_text(text)
+    code, _, err = cli("check", str(path), "--gpu", "H100-80GB")
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("line", [
     "sglang serve --model-path meta-llama/Llama-3.1-8B",
     "sglang serve meta-llama/Llama-3.1-8B",  # (0.5.23 cli/serve.py:62-66: the first argument, not a flag)

@@ -13,8 +13,8 @@ FilesArg = typer.Argument(..., metavar="FILE...", help="Your config: a torchtita
                           "Megatron-LM pretrain_gpt.py command line or script, a DeepSpeed ds_config.json, HF "
                           "TrainingArguments or a TRL SFTConfig/GRPOConfig/DPOConfig (.json/.yaml), an axolotl or "
                           "LLaMA-Factory .yaml, an accelerate config .yaml, a `vllm serve` (with its --config YAML), "
-                          "`sglang serve` or `sglang.launch_server` command line. Several files describe one run "
-                          "together.")
+                          "`sglang serve` or `sglang.launch_server` command line, or a vLLM or SGLang --config YAML "
+                          "by itself. Several files describe one run together.")
 ModelOpt = typer.Option(None, "--model", help="The model, when the files do not name one (DeepSpeed, accelerate, "
                         "TrainingArguments, Megatron without --tokenizer-model): " + "a catalog name, config.json "
                         "or hub id.")

@@ -109,7 +109,7 @@ def kind_of(path: Path, text: str) -> str:
             return "deepspeed"
         if "compute_environment" in data or "distributed_type" in data:
             return "accelerate"
-        return _trainer_args(data)
+        return _trainer_args(data, path)
     if suffix in (".yaml", ".yml"):
         import yaml
 
@@ -121,22 +121,59 @@ def kind_of(path: Path, text: str) -> str:
             raise SetupError(f"{path}: a YAML mapping is expected (an accelerate config or TrainingArguments)")
         if "compute_environment" in data or "distributed_type" in data:
             return "accelerate"
-        return _trainer_args(data)
+        return _trainer_args(data, path)
     raise SetupError(f"{path}: not a config trainfit reads (a torchtitan .toml, a DeepSpeed, TrainingArguments, "
-                     "TRL, axolotl or LLaMA-Factory .json/.yaml, an accelerate .yaml, or a pretrain_gpt.py / "
+                     "TRL, axolotl or LLaMA-Factory .json/.yaml, an accelerate or vLLM/SGLang --config .yaml, or a "
+                     "pretrain_gpt.py / "
                      "torchtitan.train / vllm serve / sglang serve / sglang.launch_server command line)")
 
 
-def _trainer_args(data: dict) -> str:
+# flags both vLLM 0.33's serve parser and SGLang 0.5.23's take (both parsers' option strings compared), which no
+# TrainingArguments or TRL config field is named: a YAML with these and neither engine's own keys is a serving
+# config whose engine its keys do not tell
+SERVE_KEYS = frozenset({"tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size", "kv-cache-dtype",
+                        "served-model-name", "cpu-offload-gb", "tokenizer-mode", "attention-backend"})
+
+
+def _trainer_args(data: dict, path: Path) -> str:
     """axolotl (its base_model), llamafactory (model_name_or_path with its stage, finetuning_type, cutoff_len or
-    template), trl for a TRL SFTConfig/GRPOConfig/DPOConfig (keys only TRL's configs have), else hf_args."""
+    template), trl for a TRL SFTConfig/GRPOConfig/DPOConfig (keys only TRL's configs have), vllm or sglang for a
+    serving engine's --config YAML (_serving), else hf_args."""
     from .trl import kind
 
     if "base_model" in data:
         return "axolotl"
     if "model_name_or_path" in data and {"stage", "finetuning_type", "cutoff_len", "template"} & set(data):
         return "llamafactory"
-    return "trl" if kind(data) else "hf_args"
+    if kind(data):
+        return "trl"
+    return _serving(data, path) or "hf_args"
+
+
+def _serving(data: dict, path: Path) -> str | None:
+    """vllm or sglang for a `--config` YAML by its keys (each engine's own: vllm.CONFIG_KEYS, sglang.CONFIG_KEYS;
+    underscores read as dashes, as vLLM reads them), None for a YAML with neither engine's keys; refused in one line
+    where the keys are both engines' own, or flags both take (SERVE_KEYS) and neither's own."""
+    from .cmdline import config_file
+    from .sglang import CONFIG_KEYS as SGLANG
+    from .vllm import CONFIG_KEYS as VLLM
+
+    keys = {str(k).replace("_", "-") for k in data}
+    vllm, sglang = sorted(keys & VLLM), sorted(keys & SGLANG)
+    if vllm and sglang:
+        raise SetupError(f"{path}: both vLLM's flags ({', '.join(vllm)}) and SGLang's ({', '.join(sglang)}): a config "
+                         "file is one engine's: keep that engine's keys")
+    if vllm or sglang:
+        engine = "vLLM" if vllm else "SGLang"
+        if not config_file(path):  # (vllm/utils/argparse_utils.py:633-637; SGLang's server_args_config_parser.py:155-162)
+            raise SetupError(f"{path}: {engine}'s flags as a config file: {engine} reads a .yaml or .yml one only: "
+                             "convert it")
+        return engine.lower()
+    if keys & SERVE_KEYS:
+        raise SetupError(f"{path}: a serving config whose keys ({', '.join(sorted(keys & SERVE_KEYS))}) vLLM and "
+                         f"SGLang both take: check the command that runs it, a file holding `vllm serve --config "
+                         f"{path.name}` or `python -m sglang.launch_server --config {path.name}`")
+    return None
 
 
 def read(path: str | Path, dp: int | None = None) -> Reading:

@@ -67,6 +67,12 @@ def yaml_config(argv: list[str], script: Path, tool: str, any_case: bool = False
     return found, data
 
 
+def config_file(path: Path) -> bool:
+    """Whether `path` is a serving engine's --config YAML by itself rather than a command line (readers.kind_of
+    sends one to a serving reader only by its keys)."""
+    return path.suffix.lower() in (".yaml", ".yml")
+
+
 def config_flags(data: dict, boolean) -> list[str]:
     """A --config YAML mapping as the flags the engine's parser reads (vLLM's load_config_file, SGLang's
     ConfigArgumentMerger alike: each key its flag, a list its items, a mapping JSON, else the value as text);

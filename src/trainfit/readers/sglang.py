@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading
-from .cmdline import config_flags, parse_flags, split, yaml_config
+from .cmdline import config_file, config_flags, parse_flags, split, yaml_config
 from .vllm import DTYPES, account
 
 KV = {"fp8_e4m3": "fp8", "fp8": "fp8", "bfloat16": "bf16", "bf16": "bf16"}
@@ -32,6 +32,21 @@ EFFECT = {"cuda-graph-max-bs": "memory: CUDA graphs captured up to this batch",
 # ServerArgs' other spellings of the flags EFFECT lists (--data-parallel-size / --dp-size, --expert-parallel-size /
 # --ep-size; --dp, --ep by argparse's prefix matching)
 ALIASES = {"data-parallel-size": "dp-size", "dp": "dp-size", "expert-parallel-size": "ep-size", "ep": "ep-size"}
+
+
+# keys that tell a bare SGLang --config YAML from vLLM's (readers.kind_of): ServerArgs fields of SGLang 0.5.23, as
+# their flags (srt/arg_groups/fields/model.py:51 model_path, :110 context_length; parallel.py:45 tp_size, :59 pp_size,
+# :73 dp_size, :281 ep_size; schedule.py:27 mem_fraction_static, :31 max_running_requests, :39 max_total_tokens, :52
+# chunked_prefill_size, :86 schedule_policy, :139 schedule_conservativeness, :143 page_size; memory.py:64
+# disable_radix_cache; exec_.py:670 disable_cuda_graph, :691 enable_torch_compile; serving.py:32 tokenizer_path;
+# device.py:47 random_seed; observability.py:70 enable_metrics; spec.py:31 speculative_algorithm, :36
+# speculative_draft_model_path) that vLLM 0.33's serve parser lacks (both parsers' option strings compared) and that
+# no TrainingArguments or TRL config field is named
+CONFIG_KEYS = frozenset({"model-path", "tp-size", "pp-size", "dp-size", "ep-size", "context-length",
+                         "mem-fraction-static", "max-running-requests", "max-total-tokens", "chunked-prefill-size",
+                         "schedule-policy", "schedule-conservativeness", "page-size", "disable-radix-cache",
+                         "disable-cuda-graph", "enable-torch-compile", "tokenizer-path", "random-seed",
+                         "enable-metrics", "speculative-algorithm", "speculative-draft-model-path"})
 
 
 # the words that start SGLang's server: `python -m sglang.launch_server`, and `sglang serve` (the sglang console script,
@@ -105,7 +120,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
-    before, argv = split(text, str(path), lambda w: w in LAUNCHERS)
+    # (the --config YAML by itself: as `python -m sglang.launch_server --config FILE` reads it)
+    before, argv = ([], ["--config", str(path)]) if config_file(path) else \
+        split(text, str(path), lambda w: w in LAUNCHERS)
     launcher = "sglang serve" if before and before[-1].endswith("sglang") else LAUNCHERS[0]
     if launcher == "sglang serve":
         argv = serve_argv(argv, path)

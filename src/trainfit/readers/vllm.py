@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading
-from .cmdline import config_flags, human_readable_int, leftover_flags, parse_flags, split, yaml_config
+from .cmdline import config_file, config_flags, human_readable_int, leftover_flags, parse_flags, split, yaml_config
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 # --kv-cache-dtype: the CacheDType values (config/cache.py, "auto" apart) trainfit models; vLLM has no float32 KV
@@ -30,6 +30,15 @@ EFFECT = {"enable-prefix-caching": "time: cached prefixes skip prefill; no effec
                     "(vllm/utils/argparse_utils.py:371); write it so"}
 
 
+# keys that tell a bare `vllm serve --config` YAML from SGLang's (readers.kind_of): serve flags of vLLM 0.33's parser
+# (entrypoints/common/cli_args.py make_arg_parser :431, EngineArgs.add_cli_args engine/arg_utils.py:959) that SGLang
+# 0.5.23's ServerArgs parser lacks (srt/arg_groups/fields/*.py; both parsers' option strings compared) and that no
+# TrainingArguments or TRL config field is named (seed, log-level: both; vLLM reads underscores as dashes)
+CONFIG_KEYS = frozenset({"max-model-len", "gpu-memory-utilization", "max-num-seqs", "max-num-batched-tokens",
+                         "enforce-eager", "block-size", "enable-prefix-caching", "enable-chunked-prefill",
+                         "kv-cache-memory-bytes", "speculative-config", "compilation-config", "limit-mm-per-prompt",
+                         "distributed-executor-backend", "enable-expert-parallel", "generation-config",
+                         "enable-auto-tool-choice"})
 SHORT = {"-dp": "data-parallel-size", "-O": "compilation-config"}  # EngineArgs' other short aliases (arg_utils.py)
 # the serve flags vLLM 0.33 adds as store_true, with no --no- form (engine/arg_utils.py:1294-1299, :1919-1930;
 # entrypoints/common/cli_args.py:444-448, :465-469); its other switches are EngineArgs / FrontendArgs bool fields,
@@ -143,13 +152,14 @@ def model_first(argv: list[str]) -> list[str]:
     return argv
 
 
-def with_config(argv: list[str], path: Path) -> tuple[list[str], Path | None]:
+def with_config(argv: list[str], path: Path, needs_model: bool = True) -> tuple[list[str], Path | None]:
     """(argv with the keys of the YAML that `--config FILE` names, the file), as vLLM's FlexibleArgumentParser pulls
     them in before parsing (vllm/utils/argparse_utils.py:371-372, _pull_args_from_config :516-604, load_config_file
     :606-673): each key is its flag (underscores read as dashes later, :374-394), true a bare flag, false the flag's
     --no- form where it has one (else dropped), a list its items, a mapping JSON, else the value as text; placed after
     the model and before the command line's flags, which win (argparse keeps the last). Only the word `--config`
-    pulls a file in (:371): `--config=FILE` is left to argparse, which reads nothing from it (EFFECT)."""
+    pulls a file in (:371): `--config=FILE` is left to argparse, which reads nothing from it (EFFECT). `needs_model`
+    False: a config file read by itself (`check serve.yaml`), whose model --model may give."""
     # (one file: :551; a name after it: :554-557; .yaml or .yml: :633-637)
     got = yaml_config(argv, path, "vLLM")
     if got is None:
@@ -162,6 +172,8 @@ def with_config(argv: list[str], path: Path) -> tuple[list[str], Path | None]:
     rest = argv[:i] + argv[i + 2:]
     if rest and not rest[0].startswith("-"):  # the model on the command line (after model_first): it stays first
         return [rest[0], *keys, *rest[1:]], found
+    if "--model" not in keys and not needs_model:
+        return [*keys, *rest], found
     if "--model" not in keys:  # (:574-583)
         raise SetupError(f"{path}: no model: vLLM needs it after `vllm serve` or as 'model:' in {found.name}: add it")
     j = keys.index("--model")  # (the file's model: put first, where the parser takes the model whatever follows)
@@ -169,8 +181,9 @@ def with_config(argv: list[str], path: Path) -> tuple[list[str], Path | None]:
 
 
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
-    _, argv = split(text, str(path), lambda w: w == "serve")
-    argv, config = with_config(model_first(argv), path)
+    bare = config_file(path)  # the --config YAML by itself: as `vllm serve --config FILE` reads it
+    argv = ["--config", str(path)] if bare else split(text, str(path), lambda w: w == "serve")[1]
+    argv, config = with_config(model_first(argv), path, needs_model=not bare)
     r = Reading(f"{path} (vLLM 0.33 serve flags, argparse{f'; --config {config}' if config else ''})")
     a, rest = parse_flags(parser(), flexible(argv, str(path)), path)
     r.model = a.model_tag or a.model  # (the positional first: vllm/entrypoints/cli/serve.py:55-57)
