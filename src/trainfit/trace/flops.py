@@ -13,6 +13,10 @@ aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, stops each query block's key 
 4,096-token call runs in 0.61x the time of a full one on this project's 2-core test machine), so the count is the
 hardware's, as the analytic engine's op lists count it (ops/op.py Op.flops). NB: the diagonal blocks are computed
 whole, so the kernels execute slightly more than the kept pairs (a low count by at most half a block per row).
+A call given a mask tensor (transformers' sliding-window, chunked and padding masks) and HF's eager attention count
+every pair, as their kernels compute them, where the analytic engine counts the model's causal pairs (analytic/
+flops.py): the trace reads higher for the models whose HF attention takes such a mask or runs eager (at 2,048 tokens,
+bf16 CUDA semantics: tiny-gemma3 +29 %, tiny-gemma2 +39 %, tiny-llama4 +46 %, tiny-gpt-oss +71 %).
 The registry also has no entry for the grouped GEMM (`aten._grouped_mm`, `aten._scaled_grouped_mm`; none in torch
 2.13's flop_counter.py) that transformers 5.24 runs MoE experts through (integrations/moe.py:379-381,
 called from `grouped_mm_experts_forward`), so we add `GROUPED_MM_FLOPS` below, in the form FlopCounterMode's
