@@ -19,7 +19,10 @@ def test_prefill_keeps_one_mlp_intermediate_cached_beside_its_peak():
     spec, gpu = load_model("qwen2.5-0.5b"), get_gpu("H200")
     setup = Setup(device="cuda", batch=4, seq=512, precision="bf16", mode="infer")
     an = estimate(spec, setup, gpu=gpu)
-    assert an.memory.reserved - an.memory.peak == 19_922_944 + 32 * 2**20  # + the sm90 cuBLAS workspace
+    # + the sm90 cuBLAS workspace; never below the fit's required, which adds the weights' segment slack
+    # (fit_rule.infer_required; overheads.device_memory)
+    assert an.memory.required >= an.memory.peak + 19_922_944
+    assert an.memory.reserved == max(an.memory.peak + 19_922_944, an.memory.required) + 32 * 2**20
     simulated = with_device_total(trace_spec(spec, setup, flops=False), gpu).memory.reserved  # + the workspace
     assert an.memory.reserved == pytest.approx(simulated, rel=0.05)  # issue 18's target for reserved: -4.0 %
     assert abs(an.memory.peak + 32 * 2**20 - simulated) > abs(an.memory.reserved - simulated)  # the peak: -5.9 %
