@@ -180,3 +180,23 @@ def test_activation_offload_suggested_beside_a_given_state_offload_is_what_estim
         assert est["setup"]["offload"] == "activations+optimizer"
         assert est["fit"]["required"] == row["required"]
         assert est["time"]["step_seconds"] == pytest.approx(row["step_seconds"], rel=1e-9)
+
+
+def test_rl_advice_is_the_rl_commands_own_flags(capsys):
+    """--mode rl that does not fit: each suggestion, added to the command as printed, is taken by `trainfit estimate
+    --mode rl` (no flag it refuses: --seq, --tp, --quant, --liger, ...) and fits; the micro-batch knob keeps the step's
+    completions (docs/rl.md: --batch prompts x --group-size, trained in --grad-accum micro-batches): 2 x 8 = 16, so
+    --grad-accum 16 and never a smaller --batch; and no pointer to `trainfit fit`, which answers --mode train only."""
+    argv = ["estimate", "qwen2.5-0.5b", "--mode", "rl", "--batch", "2", "--group-size", "8", "--prompt-len", "1024",
+            "--completion-len", "4096", "--gpu", "H100-80GB"]
+    code, out, err = _run(capsys, *argv)
+    assert code == 0, err
+    lines = [x.strip() for x in out.splitlines() if x.startswith("  --")]
+    assert lines and "trainfit fit" not in out
+    assert any("--grad-accum 16 " in x + " " for x in lines)
+    for line in lines:
+        flags = line.split(" (")[0].split()
+        assert "--batch" not in flags
+        code, got, err = _run(capsys, *argv, *flags, "--json")
+        assert code == 0, (line, err)
+        assert json.loads(got)["time"]["fits"], line

@@ -116,9 +116,10 @@ def show_estimates(req: Request, results: list, json: bool, extra: dict | None =
             if note.startswith("trace engine skipped") or note == api.HOST_MEMORY_UNREAD:
                 typer.echo(f"· {note}")
     if advice:
-        t = results[0].time
-        typer.echo(f"{verdict_word(t, results[0].setup.mode)} on {t.gpu}; what would, fastest first (each checked by "
-                   "the analytic engine; `trainfit fit` searches further):")
+        t, mode = results[0].time, results[0].setup.mode
+        further = "; `trainfit fit` searches further" if mode == "train" else ""  # (fit answers --mode train only)
+        typer.echo(f"{verdict_word(t, mode)} on {t.gpu}; what would, fastest first (each checked by the analytic "
+                   f"engine{further}):")
         for x in advice:
             typer.echo("  " + x.line())
 

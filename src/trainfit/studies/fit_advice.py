@@ -73,7 +73,11 @@ def knobs(s: Setup, spec: ModelSpec | None = None) -> list[Knob]:
         # count is ceil(seq / hidden) slices (tiled_compute.py:51-56); NB: one slice is an MLP checkpoint, which
         # --recompute already offers, so shorter sequences are not tried
         out.append(Knob("tiled", "--tiled-mlp auto", dict(tiled_mlp=0), "each MLP run on slices of the sequence"))
-    if s.batch > 1:
+    if s.mode == "rl":  # --batch is prompts; the step's P x G completions train in --grad-accum micro-batches
+        completions = s.batch * s.group_size  # (docs/rl.md: TRL's per_device_train_batch_size = P x G / accum)
+        out.append(Knob("batch", f"--grad-accum {completions}", dict(grad_accum=completions),
+                        "micro-batches of one completion: the same completions per step"))
+    elif s.batch > 1:
         accum = s.batch * s.grad_accum
         out.append(Knob("batch", f"--batch 1 --grad-accum {accum}", dict(batch=1, grad_accum=accum),
                         "same tokens per step"))
@@ -233,7 +237,7 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
         if x is not None:
             found.append(x)
 
-    if s.mode == "train":
+    if s.mode in ("train", "rl"):  # (an RL step trains: its memory knobs, those --mode rl takes: Setup.with_)
         ks = knobs(s, spec)
         for n in range(1, MAX_KNOBS + 1):
             for combo in combinations(ks, n):
@@ -272,9 +276,10 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
             if b >= 1:
                 add(j.suggest(f"--batch {b}", "fewer sequences at once", batch=b))
     train = s.mode == "train"
+    # (--mode rl: the actor has no --tp and its sequences are --prompt-len + --completion-len, not --seq)
     for extra, flags in (({}, ""), (dict(recompute="full"), " --recompute full") if train else ({}, "")):
-        t = next((t for t in range(s.tp + 1, gpu.gpus_per_node + 1)
-                  if spec.heads % t == 0 and j.fits(tp=t, sequence_parallel=train, **extra)), None)
+        t = next((t for t in range(s.tp + 1, gpu.gpus_per_node + 1) if s.mode != "rl"
+                  and spec.heads % t == 0 and j.fits(tp=t, sequence_parallel=train, **extra)), None)
         if t is not None:
             add(j.suggest(f"--tp {t}" + (" --sequence-parallel" if train else "") + flags, f"{t} GPUs per replica",
                           tp=t, sequence_parallel=train, **extra))
@@ -283,7 +288,7 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
     # largest_context, is capped there too); training may run a rotary model past them (long-context fine-tuning)
     limit = spec.position_limit(s.mode) if s.mode != "train" else 0
     top = min(s.seq - 1, limit) if limit else s.seq - 1
-    if top >= 1:
+    if top >= 1 and s.mode != "rl":
         q = _largest(1, top, lambda q: j.fits(seq=q))
         if q >= 1:
             add(j.suggest(f"--seq {q}", "shorter sequences: a different job", seq=q))
