@@ -28,6 +28,13 @@ def test_params_equal_transformers_numel(spec):
         assert vision_params(spec) == published
 
 
+def _built(name: str):
+    """transformers' own config of catalog model `name` (its num_labels: the classifier's outputs)."""
+    spec = next(s for s in list_vision_models() if s.name == name)
+    kwargs = {k: v for k, v in spec.config.items() if k not in ("model_type", "_trainfit")}
+    return transformers.AutoConfig.for_model(spec.family, **kwargs)
+
+
 # CUDA semantics (the caching allocator's 512-byte blocks): the CPU's oneDNN scratch, which the trace measures
 # on this CPU and the analytic engine leaves out (NB in analytic/vision.py), would otherwise dominate tiny models.
 # (bench/targets/vision.py runs the wider table: every family x fp32 / amp / bf16)
@@ -41,6 +48,9 @@ def test_analytic_against_the_trace(model, precision, optimizer, accum, bound):
     analytic, traced = run_engines(req, "all")
     assert analytic.engine == "analytic" and traced.engine == "trace"
     assert analytic.params == traced.params
+    # every parameter's .grad (the trace's: numel x element size; the analytic engine's in 512-byte blocks)
+    assert 0 <= analytic.memory.gradients - traced.memory.gradients < 512 * analytic.detail.records["param_tensors"]
+    assert analytic.detail.num_labels == traced.detail.num_labels == _built(model).num_labels
     assert abs(analytic.memory.peak - traced.memory.peak) <= bound * traced.memory.peak
     for phase, bytes_ in traced.memory.phases.items():
         assert abs(analytic.memory.phases[phase] - bytes_) <= max(bound, 0.01) * bytes_, phase
@@ -54,7 +64,7 @@ def test_trace_within_half_a_percent_of_a_real_cpu_step(model, precision):
     req = Request(model=model, batch=4, precision=precision, optimizer="momentum", device="cpu")
     traced = run_engines(req, "trace")[-1]
     measured = run_engines(req, "measure")[-1]
-    assert measured.engine == "measure"
+    assert measured.engine == "measure" and measured.detail.num_labels == _built(model).num_labels
     assert abs(traced.memory.peak - measured.memory.peak) <= 0.005 * measured.memory.peak
 
 

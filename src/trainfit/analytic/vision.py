@@ -290,6 +290,7 @@ def walk(spec: VisionSpec, setup: Setup) -> dict:
                      clip_temporaries(setup, st.grad, len(tensors), max(tensors), r)))
     w.moment("optimizer_step")
     return {"best": w.best, "base": w.base, "ops": ops, "params": sum(tensors), "param_tensors": len(tensors),
+            "gradients": w.grads,  # every parameter's .grad, as the step ends its backward
             "saved_at_forward_end": w.best["forward_end"][1]["activations"]}
 
 
@@ -320,7 +321,8 @@ def estimate(spec: VisionSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
     flops = Flops(fwd, bwd, rec, fwd + bwd + rec, fwd + bwd, (fwd + bwd) // max(1, images))
     reserved, device_total, beside, held = overheads.device_memory(
         overheads.reserved_from_allocated(phases[phase]), gpu, setup)
-    memory = Memory(weights=base["weights"], gradients=at["gradients"], optimizer_states=base["optimizer_states"],
+    # Memory.gradients: every parameter's .grad (estimate.Memory; the trace's grad_bytes), at_peak those live there
+    memory = Memory(weights=base["weights"], gradients=res["gradients"], optimizer_states=base["optimizer_states"],
                     master_weights=0, activations=res["saved_at_forward_end"], temporaries=at["temporaries"],
                     kv_cache=0, peak=phases[phase], peak_phase=phase, phases=phases, at_peak=at,
                     reserved=reserved, device_total=device_total, overheads=beside, required=phases[phase])

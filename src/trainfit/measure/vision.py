@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import statistics
 
@@ -41,4 +42,6 @@ def measure_vision(spec: VisionSpec, setup: Setup, steps: int = 3, warmup: int =
         result.step_seconds = statistics.median(times)
         result.tokens_per_second = setup.batch / result.step_seconds  # images/s
     result.params = sum(p.numel() for p in model.parameters())
-    return to_estimate(result, spec, setup)
+    est = to_estimate(result, spec, setup)
+    return dataclasses.replace(est, detail=dataclasses.replace(
+        est.detail, image_size=setup.image_size or spec.image_size, num_labels=spec.num_labels))

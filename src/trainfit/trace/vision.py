@@ -20,4 +20,4 @@ def trace_vision(spec: VisionSpec, setup: Setup) -> Estimate:
     model, example = build(spec, setup)
     est = trace(model, example, setup, flops=True)
     return dataclasses.replace(est, model=spec.name, detail=dataclasses.replace(
-        est.detail, image_size=setup.image_size or spec.image_size))
+        est.detail, image_size=setup.image_size or spec.image_size, num_labels=spec.num_labels))
