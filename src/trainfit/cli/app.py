@@ -311,7 +311,7 @@ def models(json: bool = JsonOpt) -> None:
 @app.command(cls=GroupedCommand)
 def gpus(json: bool = JsonOpt) -> None:
     """The GPU catalog: memory (what CUDA can allocate; nvidia-smi's total beside it), bandwidth, dense peak FLOP/s
-    (fp8 and fp4 where the chip has those tensor cores), power, price (`estimate --price` and `plan --price` override it). --json: each GPU as a GPU file writes it (`--gpu my_gpu.json`)."""
+    (bf16, fp8 and fp4 where the chip has those tensor cores: — where not), power, price (`estimate --price` and `plan --price` override it). --json: each GPU as a GPU file writes it (`--gpu my_gpu.json`)."""
     from ..hardware import file_entry, list_gpus
 
     items = list_gpus()
@@ -327,17 +327,20 @@ def gpus(json: bool = JsonOpt) -> None:
     from ..units import fmt_bytes
 
     t = Table(title="trainfit gpus (dense peaks)", header_style="bold", padding=(0, 1))
-    for col in ("name", "memory (CUDA)", "nvidia-smi", "bandwidth", "bf16 TFLOP/s", "fp32/tf32 TFLOP/s",
+    for col in ("name", "memory (CUDA)", "nvidia-smi", "bandwidth", "bf16 / fp16 TFLOP/s", "fp32/tf32 TFLOP/s",
                 "fp8 / fp4 TFLOP/s", "W", "$/h"):
         t.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name",
                      min_width=max(len(g.name) for g in items) if col == "name" else None)
+
+    def peaks(g, keys: tuple[str, ...], fmt: str) -> str:
+        # (only a chip with the tensor cores lists the key: V100 and T4 list no bf16, Volta and Turing having
+        # none; the --low-precision recipes need fp8/fp4's, analytic/float8.py)
+        return " / ".join(format(g.peak_flops[k] / 1e12, fmt) if k in g.peak_flops else "—" for k in keys)
+
     for g in items:
-        bf16 = g.peak_flops.get("bf16") or g.peak_flops.get("fp16") or 0
-        # (only a chip with the tensor cores lists the key: --low-precision's recipes need them, analytic/float8.py)
-        low = " / ".join(f"{g.peak_flops[k] / 1e12:,.0f}" if k in g.peak_flops else "—" for k in ("fp8", "fp4"))
         t.add_row(g.name, fmt_bytes(g.memory), fmt_bytes(g.smi_memory), f"{g.memory_bandwidth / 1e12:.2f} TB/s",
-                  f"{bf16 / 1e12:,.1f}", f"{g.flops_for('tf32') / 1e12:,.1f}", low, f"{g.power_watts:.0f}",
-                  f"{g.price_per_hour:.2f}")
+                  peaks(g, ("bf16", "fp16"), ",.0f"), f"{g.flops_for('tf32') / 1e12:,.1f}",
+                  peaks(g, ("fp8", "fp4"), ",.0f"), f"{g.power_watts:.0f}", f"{g.price_per_hour:.2f}")
     console().print(t)
 
 
