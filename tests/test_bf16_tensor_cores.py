@@ -1,8 +1,12 @@
-"""Which catalog GPUs run bf16 on tensor cores: `trainfit gpus` says it (— where not). Against NVIDIA's compute
-capabilities (developer.nvidia.com/cuda-gpus): bf16 tensor cores came with Ampere, compute capability 8.0 (vLLM's
-rule too: vllm/platforms/cuda.py check_if_supports_dtype refuses bfloat16 below 8.0)."""
+"""Which catalog GPUs run bf16 on tensor cores: `trainfit gpus` says it (— where not), and an estimate whose matmuls
+run in bf16 on one that has none warns. Against NVIDIA's compute capabilities (developer.nvidia.com/cuda-gpus): bf16
+tensor cores came with Ampere, compute capability 8.0 (vLLM's rule too: vllm/platforms/cuda.py
+check_if_supports_dtype refuses bfloat16 below 8.0)."""
 from __future__ import annotations
 
+import pytest
+
+from trainfit import api
 from trainfit.hardware import list_gpus
 
 COMPUTE_CAPABILITY = {  # NVIDIA's published table, by hand
@@ -25,3 +29,27 @@ def test_gpus_says_which_have_bf16_tensor_cores(cli):
         bf16, fp16 = (x.strip() for x in rows[name].split("/"))
         assert (bf16 != "—") == (COMPUTE_CAPABILITY[name] >= 8.0), name
         assert fp16 != "—", name  # fp16 tensor cores since Volta (7.0)
+
+
+@pytest.mark.parametrize("mode,precision", [("train", "amp-bf16"), ("train", "bf16"), ("infer", "bf16"),
+                                            ("serve", "bf16")])
+@pytest.mark.parametrize("gpu", ["V100-32GB", "T4", "A100-40GB", "L4"])
+def test_bf16_on_a_gpu_without_its_tensor_cores_warns(mode, precision, gpu):
+    seq = {"serve": {}, "infer": {"seq": 512}}.get(mode, {"seq": 512, "recompute": "full"})
+    e = api.analytic(api.Request(model="llama-3.2-1b", mode=mode, precision=precision, gpu=gpu, **seq))
+    warned = [n for n in e.notes if n.startswith(f"warning: the {gpu} has no bf16 tensor cores")]
+    assert bool(warned) == (COMPUTE_CAPABILITY[gpu] < 8.0)
+    fp16 = {"train": "amp-fp16"}.get(mode, "fp16")
+    e = api.analytic(api.Request(model="llama-3.2-1b", mode=mode, precision=fp16, gpu=gpu, **seq))
+    assert not any("bf16 tensor cores" in n for n in e.notes)
+
+
+def test_the_warning_reaches_the_cli_and_a_vision_model(cli):
+    code, out, err = cli("estimate", "resnet-50", "--batch", "8", "--gpu", "T4")
+    assert code == 0, err
+    assert "warning: the T4 has no bf16 tensor cores" in out and "SDPA" not in out  # a CNN runs no attention
+    code, out, err = cli("estimate", "resnet-50", "--batch", "8", "--gpu", "T4", "--precision", "amp-fp16")
+    assert code == 0 and "bf16 tensor cores" not in out
+    code, out, err = cli("estimate", "tiny-llama", "--seq", "64", "--engine", "all", "--gpu", "V100-16GB")
+    assert code == 0, err
+    assert "warning: the V100-16GB has no bf16 tensor cores" in out  # beside the side-by-side table

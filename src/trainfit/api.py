@@ -98,7 +98,18 @@ def resolve(req: Request, spec=None):
 
 def analytic(req: Request, spec=None) -> Estimate:
     spec, setup = resolve(req, spec)
-    return engines.analytic(spec, setup, gpu_of(req), **run_settings(req))
+    gpu = gpu_of(req)
+    return _gpu_noted(spec, setup, gpu, engines.analytic(spec, setup, gpu, **run_settings(req)))
+
+
+def _gpu_noted(spec, setup, gpu, e: Estimate) -> Estimate:
+    """`e` with a warning where the GPU lacks what the setup's dtype runs best on (gpu_support.bf16_warning)."""
+    from .analytic.gpu_support import bf16_warning
+    from .spec import VisionSpec
+
+    attention = not isinstance(spec, VisionSpec) or spec.family == "vit"
+    warning = bf16_warning(setup, gpu, attention)
+    return _noted(e, warning) if warning else e
 
 
 def trace(req: Request, extrapolate: bool = True) -> Estimate:
@@ -111,7 +122,7 @@ def trace(req: Request, extrapolate: bool = True) -> Estimate:
     spec, setup = resolve(req)
     gpu = gpu_of(req)
     traced = with_device_total(engines.trace(spec, setup, extrapolate=extrapolate, alloc_conf=req.alloc_conf), gpu)
-    return with_fit(traced, gpu, reserve_bytes(req.reserve))
+    return _gpu_noted(spec, setup, gpu, with_fit(traced, gpu, reserve_bytes(req.reserve)))
 
 
 def measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force: bool = False) -> Estimate:

@@ -112,8 +112,8 @@ def show_estimates(req: Request, results: list, json: bool, extra: dict | None =
     else:
         terminal.render_side_by_side(results, reference=len(results) - 1)
         for note in results[0].notes:  # the side-by-side table shows no notes: an engine --engine all skipped, an
-            # unread --host-memory
-            if note.startswith("trace engine skipped") or note == api.HOST_MEMORY_UNREAD:
+            # unread --host-memory, a warning
+            if note.startswith(("trace engine skipped", "warning:")) or note == api.HOST_MEMORY_UNREAD:
                 typer.echo(f"· {note}")
     if advice:
         t, mode = results[0].time, results[0].setup.mode
