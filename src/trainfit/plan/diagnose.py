@@ -136,14 +136,15 @@ def diagnose(spec, gpu: GPU, q, result, oracle: PeakOracle) -> Diagnosis:
     short, where = leanest(spec, gpu, q, q.gpus, oracle)
     d = Diagnosis("memory", "", leanest_setup=where)
     room = f"{fmt_bytes(gpu.memory)} per {gpu.name}" + (f" less --reserve {q.reserve:g} GiB" if q.reserve else "")
-    d.message = f"nothing fits in {room}: no layout of {q.gpus} GPUs is allowed"
+    # (report/plan.py prints it after 'nothing fits: ')
+    d.message = f"no layout of {q.gpus} GPUs is allowed in {room}"
     if where is not None:  # its fit, device total and time as `trainfit estimate` gives them (timed although it does
         # not fit, issue 14)
         est = analytic(spec, where, gpu, reserve=q.reserve)
         d.leanest_device_total = est.memory.device_total
         d.leanest_time = (est.detail.step_time if q.efficiency is None else
                           layout_step_time(model, where, gpu, q.efficiency, oracle.pc)).as_dict()
-        d.message = (f"nothing fits in {room}: the leanest plan (tp {where.tp}, pp {where.pp}, dp {where.dp}, "
+        d.message = (f"in {room}, the leanest plan (tp {where.tp}, pp {where.pp}, dp {where.dp}, "
                      f"{_experts(where)}"
                      f"ZeRO-{where.zero}, {where.recompute} recompute, {where.precision}, micro-batch 1) needs "
                      f"{fmt_bytes(est.fit.required)} of the {fmt_bytes(est.fit.capacity)} its tensors may take per GPU "
