@@ -301,13 +301,17 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
     return _ranked(found)[:shown]
 
 
+FASTER = 0.99  # a combination is shown beside a fitting subset of its knobs only where > 1 % faster than it
+
+
 def _ranked(found: list[Suggestion]) -> list[Suggestion]:
-    """Fastest first; a combination whose knobs include a fitting suggestion's, at no less slowdown, is dropped, and
-    so is one that holds and runs exactly as an earlier one (paged states when nothing is large enough to page)."""
+    """Fastest first; a combination whose knobs include a fitting suggestion's is dropped unless more than 1 % faster
+    (FASTER: one more flag for less is no advice), and so is one that holds and runs exactly as an earlier one (paged
+    states when nothing is large enough to page)."""
     found = sorted(found, key=lambda x: (x.slowdown, len(x.knobs), x.flags))
     kept: list[Suggestion] = []
-    for x in found:
-        if any(k.knobs and k.knobs < x.knobs and k.slowdown <= x.slowdown for k in kept) or any(
+    for x in found:  # (against every fitting subset, also one ranked after x: a hair slower)
+        if any(k.knobs and k.knobs < x.knobs and not x.slowdown < FASTER * k.slowdown for k in found) or any(
                 (k.required, k.step_seconds, k.gpus) == (x.required, x.step_seconds, x.gpus) for k in kept):
             continue
         kept.append(x)
