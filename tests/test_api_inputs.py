@@ -45,3 +45,29 @@ def test_compare_takes_a_model_name_or_a_request():
     assert {k: v.memory.peak for k, v in by_name.items()} == {k: v.memory.peak for k, v in by_request.items()}
     with pytest.raises(SetupError, match="compare\\(\\) takes a Request"):
         trainfit.compare(None)
+
+
+def test_estimate_names_a_module_or_a_dict_it_was_given(tmp_path):
+    """estimate(model) takes a name or a path: an nn.Module, a config dict or a number was refused with 'choose a
+    model', as if none had been given. Each is named, with what to do instead, and that works: trace_module on the
+    module, the dict written to a config.json and its path (a pathlib.Path too: the same estimate as its text)."""
+    import json
+
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
+    with pytest.raises(SetupError, match=r"^model: an nn.Module \(Sequential\) is traced by trainfit.trace_module"):
+        trainfit.estimate(net)
+    # fp32 weight and bias, each in the CUDA caching allocator's 512-byte blocks
+    assert trainfit.trace_module(net, torch.zeros(2, 64), precision="fp32").memory.weights == 64 * 64 * 4 + 512
+
+    config = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+              "max_position_embeddings": 512}
+    with pytest.raises(SetupError, match=r"^model: a dict is not read as a config.json; .*json.dump the dict"):
+        trainfit.estimate(config)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert trainfit.estimate(path, seq=128).memory.peak == trainfit.estimate(str(path), seq=128).memory.peak > 0
+
+    with pytest.raises(SetupError, match=r"^model: 3 \(int\) is not a model; give a catalog name"):
+        trainfit.estimate(3)

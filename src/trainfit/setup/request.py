@@ -2,6 +2,8 @@
 the engines' Setup (model-dependent defaults resolved)."""
 from __future__ import annotations
 
+import os
+
 from .. import heads as _heads
 from .. import limits
 from .. import precision as _precision
@@ -129,9 +131,27 @@ def refuse_price_without_tokens(price, tokens) -> None:
         raise SetupError("--price sets the cost of a training budget: add --tokens (e.g. --tokens 15T), or drop it")
 
 
+MODEL_WORDS = "a catalog name (see `trainfit models`), a config.json path, or a hub id"
+
+
+def _not_a_model(model) -> str:
+    """Why `model` (not a str) is no model, in one line: what it is, and what to give instead."""
+    if isinstance(model, dict):
+        return (f"model: a dict is not read as a config.json; give {MODEL_WORDS} (json.dump the dict to a "
+                "config.json and pass its path)")
+    if callable(getattr(model, "named_parameters", None)):  # a torch.nn.Module (torch is not imported here)
+        return (f"model: an nn.Module ({type(model).__name__}) is traced by trainfit.trace_module(module, "
+                f"example_batch, ...); estimate() takes {MODEL_WORDS}")
+    return f"model: {repr(model)[:60]} ({type(model).__name__}) is not a model; give {MODEL_WORDS}"
+
+
 def _request_post_init(self) -> None:
-    if not isinstance(self.model, str) or not self.model.strip():
-        raise SetupError("choose a model: a catalog name (see `trainfit models`), a config.json, or a hub id")
+    if isinstance(self.model, os.PathLike):  # a pathlib.Path to a config.json (or a folder holding one)
+        object.__setattr__(self, "model", os.fspath(self.model))
+    if not isinstance(self.model, str):
+        raise SetupError(_not_a_model(self.model))
+    if not self.model.strip():
+        raise SetupError(f"choose a model: {MODEL_WORDS}")
     mode = self.mode
     for s in SETTINGS:
         check_value(s, getattr(self, s.name), mode if mode in MODES else "train")
