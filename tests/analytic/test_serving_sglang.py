@@ -298,3 +298,17 @@ def test_a_patch_version_not_listed_is_refused():
     with pytest.raises(SetupError, match="trainfit models sglang .*0.4.3.post4"):
         Setup(mode="serve", server="sglang==0.4.3", precision="bf16")
     assert Setup(mode="serve", server="sglang==0.5", precision="bf16").server == "sglang==0.5"
+
+
+def test_the_activations_row_is_vllms_profile_run_only(cli):
+    """vLLM measures its activations in a profile run (gpu_model_runner profile_run); SGLang runs none (its pool is a
+    static fraction, mem_cache/kv_cache_configurator.py _profile_available_bytes): its row was 'profile-run peak'
+    too. Each server's table names its own quantity."""
+    rows = {}
+    for server in ("vllm", "sglang"):
+        code, out, err = cli("estimate", "llama-3.1-8b", "--mode", "serve", "--server", server, "--gpu", "H100-80GB")
+        assert code == 0, err
+        rows[server] = [line.split("│")[1].strip() for line in out.splitlines() if line.count("│") == 3]
+    assert "profile-run peak (activations)" in rows["vllm"]
+    assert "activations (largest transient)" in rows["sglang"]
+    assert not any("profile" in r for r in rows["sglang"])

@@ -109,9 +109,12 @@ def memory_rows(e: Estimate) -> list[tuple[str, int]]:
         rows += [("activations (saved for backward)", m.activations),
                  (f"KV pool ({e.setup.rl_placement} vLLM)" if e.setup.rollout == "vllm" else "KV cache (rollout)",
                   m.kv_cache)]
-    elif e.setup.mode == "serve":  # the engine's budget as vLLM splits it (analytic/serving.py)
-        return rows + [("profile-run peak (activations)", m.activations), ("CUDA graphs", m.temporaries),
-                       ("KV cache (all blocks)", m.kv_cache)]
+    elif e.setup.mode == "serve":  # the engine's budget as it splits it (analytic/serving.py, serving_sglang.py)
+        # vLLM measures its activations in a profile run; SGLang runs none: its largest eager transient (a chunked
+        # prefill's forward or the logits) lives outside mem_fraction_static (analytic/serving_sglang.py)
+        sglang = e.detail.serving is not None and e.detail.serving.server == "sglang"
+        return rows + [("activations (largest transient)" if sglang else "profile-run peak (activations)",
+                        m.activations), ("CUDA graphs", m.temporaries), ("KV cache (all blocks)", m.kv_cache)]
     else:
         rows += [("KV cache", m.kv_cache), ("activations (one layer, transient)", m.activations)]
     if "other" in m.at_peak:  # measured: allocation records do not tell these apart (measure/runner.py to_estimate)
