@@ -47,6 +47,9 @@ def test_the_gpu_table_shows_the_low_precision_peaks_a_chip_has():
     out = CliRunner().invoke(app, ["gpus"], env={"COLUMNS": "200"}).output
     rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("│")}
     assert "4,500 / 9,000" in rows["B200"] and "— / —" in rows["A100-80GB"] and "1,979 / —" in rows["H100-80GB"]
+    # fp32 beside tf32 (A100 datasheet: 19.5 / 156 TFLOP/s dense); V100 has no TF32 tensor cores (Volta: a dash, where
+    # the column showed its fp32 15.7 alone, as if it were the tf32 rate)
+    assert "19.5 / 156.0" in rows["A100-80GB"] and "15.7 / —" in rows["V100-32GB"]
 
 @pytest.mark.parametrize("args,needle", [
     (["estimate", "llama-3.1-8bb"], "did you mean"),

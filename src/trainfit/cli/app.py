@@ -327,19 +327,19 @@ def gpus(json: bool = JsonOpt) -> None:
     from ..units import fmt_bytes
 
     t = Table(title="trainfit gpus (dense peaks)", header_style="bold", padding=(0, 1))
-    for col in ("name", "memory (CUDA)", "nvidia-smi", "bandwidth", "bf16 / fp16 TFLOP/s", "fp32/tf32 TFLOP/s",
+    for col in ("name", "memory (CUDA)", "nvidia-smi", "bandwidth", "bf16 / fp16 TFLOP/s", "fp32 / tf32 TFLOP/s",
                 "fp8 / fp4 TFLOP/s", "W", "$/h"):
         t.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name",
                      min_width=max(len(g.name) for g in items) if col == "name" else None)
 
     def peaks(g, keys: tuple[str, ...], fmt: str) -> str:
         # (only a chip with the tensor cores lists the key: V100 and T4 list no bf16, Volta and Turing having
-        # none; the --low-precision recipes need fp8/fp4's, analytic/float8.py)
+        # none, nor tf32, which Ampere brought; the --low-precision recipes need fp8/fp4's, analytic/float8.py)
         return " / ".join(format(g.peak_flops[k] / 1e12, fmt) if k in g.peak_flops else "—" for k in keys)
 
     for g in items:
         t.add_row(g.name, fmt_bytes(g.memory), fmt_bytes(g.smi_memory), f"{g.memory_bandwidth / 1e12:.2f} TB/s",
-                  peaks(g, ("bf16", "fp16"), ",.0f"), f"{g.flops_for('tf32') / 1e12:,.1f}",
+                  peaks(g, ("bf16", "fp16"), ",.0f"), peaks(g, ("fp32", "tf32"), ",.1f"),
                   peaks(g, ("fp8", "fp4"), ",.0f"), f"{g.power_watts:.0f}", f"{g.price_per_hour:.2f}")
     console().print(t)
 
