@@ -386,7 +386,16 @@ def _moe_layers(c: _Cfg, layers: int, num_experts: int) -> int:
     only = c.get("mlp_only_layers", default=[])
     if not isinstance(only, list):
         raise c.fail(f"'mlp_only_layers' must be a list of layer indices, got {only!r}")
-    return sum(1 for i in range(layers) if i not in only and num_experts > 0 and (i + 1) % step == 0)
+    if num_experts <= 0:
+        return 0
+    # counted, not walked (a config of 10**9 layers): the layers (i + 1) % step == 0 less the listed ones among them
+    return layers // step - sum(1 for i in _listed_layers(only) if 0 <= i < layers and (i + 1) % step == 0)
+
+
+def _listed_layers(given: list) -> set[int]:
+    """The layer indexes a config's list names, as transformers tests them (`layer_idx in config.mlp_only_layers`,
+    `in config.moe_layers`: by ==, so 3.0 and True name layers 3 and 1)."""
+    return {int(v) for v in given if isinstance(v, (int, float)) and v == int(v)}
 
 
 def _mixtral(c: _Cfg) -> dict:
