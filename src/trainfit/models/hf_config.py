@@ -707,16 +707,21 @@ def _gpt_oss(c: _Cfg) -> dict:
     return f
 
 
-def _linear_attention_indices(c: _Cfg, layers: int) -> list[int]:
-    """The "linear_attention" layers: `layer_types` when given, else Qwen3NextConfig.__post_init__
-    (configuration_qwen3_next.py): layer i is linear unless (i + 1) % full_attention_interval == 0 (default 4)."""
+def _linear_attention_layers(c: _Cfg, layers: int) -> tuple[int, int]:
+    """(how many, the last one's index; -1: none) of the "linear_attention" layers: `layer_types` when given, else
+    Qwen3NextConfig.__post_init__ (configuration_qwen3_next.py): layer i is linear unless
+    (i + 1) % full_attention_interval == 0 (default 4), counted rather than listed (a config of 10**9 layers)."""
     lt = c.d.get("layer_types")
     if isinstance(lt, list) and lt:
         if len(lt) != layers:
             raise c.fail(f"layer_types has {len(lt)} entries for {layers} layers")
-        return [i for i, t in enumerate(lt) if t == "linear_attention"]
+        linear = [i for i, t in enumerate(lt) if t == "linear_attention"]
+        return len(linear), linear[-1] if linear else -1
     interval = c.int("full_attention_interval", default=4, minimum=1)
-    return [i for i in range(layers) if (i + 1) % interval]
+    if interval == 1:
+        return 0, -1
+    # the last layer is the full one when interval divides the count; the one before it is linear then
+    return layers - layers // interval, layers - 1 if layers % interval else layers - 2
 
 
 def _qwen3_next(c: _Cfg) -> dict:
@@ -731,10 +736,10 @@ def _qwen3_next(c: _Cfg) -> dict:
     f = _rope_decoder(c, tie_default=False, head_dim_default=256, kv_default=2)
     ab = c.bool("attention_bias", default=False)
     f.update(qkv_bias=ab, out_bias=ab, qk_norm=True, attn_output_gate=True)
-    linear = _linear_attention_indices(c, f["layers"])
+    linear, last = _linear_attention_layers(c, f["layers"])
     if linear:
         f["linear_attn"] = GatedDeltaNetSpec(
-            layers=len(linear), last=linear[-1],
+            layers=linear, last=last,
             key_heads=c.int("linear_num_key_heads", default=16),
             value_heads=c.int("linear_num_value_heads", default=32),
             key_head_dim=c.int("linear_key_head_dim", default=128),
