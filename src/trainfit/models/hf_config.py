@@ -584,38 +584,41 @@ def _nemotron_h(c: _Cfg) -> dict:
     )
 
 
-def _llama4_layer_flags(c: _Cfg, layers: int) -> list[int]:
-    """Llama4TextConfig.__post_init__ (configuration_llama4.py): `no_rope_layers` (1 = RoPE), else every
-    `no_rope_layer_interval`-th layer (default 4) without RoPE."""
+def _llama4_rope_layers(c: _Cfg, layers: int) -> tuple[int, int, int]:
+    """(the RoPE layers, the first NoPE layer's index (`layers`: none), the interval of the NoPE layers: _nope_every)
+    as Llama4TextConfig.__post_init__ (configuration_llama4.py) flags them: `no_rope_layers` (1 = RoPE), else every
+    `no_rope_layer_interval`-th layer (default 4) without RoPE, counted rather than listed (a config of 10**9
+    layers)."""
     given = c.get("no_rope_layers", default=None)
     if given:  # an empty list is replaced by the default, as transformers does
         if not isinstance(given, list) or len(given) < layers:
             raise c.fail(f"'no_rope_layers' must list at least num_hidden_layers ({layers}) 0/1 flags")
-        return [1 if x else 0 for x in given[:layers]]
+        rope = [1 if x else 0 for x in given[:layers]]
+        return sum(rope), next((i for i, r in enumerate(rope) if not r), layers), _nope_every(rope)
     step = c.int("no_rope_layer_interval", default=4)
-    return [int((i + 1) % step != 0) for i in range(layers)]
+    # layers step - 1, 2·step - 1, ... are NoPE; an interval of 1 (every layer NoPE) is no interval (_nope_every)
+    return layers - layers // step, min(step - 1, layers), step if 2 <= step <= layers else 0
 
 
 def _llama4_moe_layers(c: _Cfg, layers: int) -> int:
     """Llama4TextDecoderLayer: MoE iff layer_idx in config.moe_layers, which defaults to
     range(interleave_moe_layer_step - 1, layers, interleave_moe_layer_step) (configuration_llama4.py)."""
     given = c.get("moe_layers", default=None)
-    if given is None:
+    if given is None:  # counted, not listed (a config of 10**9 layers)
         step = c.int("interleave_moe_layer_step", default=1)
-        given = list(range(step - 1, layers, step))
+        return len(range(step - 1, layers, step))
     if not isinstance(given, list):
         raise c.fail(f"'moe_layers' must be a list of layer indices, got {given!r}")
-    return sum(1 for i in range(layers) if i in given)
+    return sum(1 for i in _listed_layers(given) if 0 <= i < layers)
 
 
 def _nope_every(rope: list[int]) -> int:
     """The interval at which the NoPE layers (rope flag 0) recur, every step-th from the step-th on (Llama4TextConfig's
-    no_rope_layer_interval pattern); 0 where the flags follow no such interval or have no NoPE layer."""
-    n = len(rope)
-    for step in range(2, n + 1):
-        if rope == [int((i + 1) % step != 0) for i in range(n)]:
-            return step
-    return 0
+    no_rope_layer_interval pattern); 0 where the flags follow no such interval or have no NoPE layer. The pattern of
+    interval `step` has its first NoPE layer at step - 1: that one interval is the only candidate (one pass, not one
+    per interval)."""
+    step = next((i for i, r in enumerate(rope) if not r), -1) + 1
+    return step if step >= 2 and all(r == int((i + 1) % step != 0) for i, r in enumerate(rope)) else 0
 
 
 def _llama4_moe_step(c: _Cfg, layers: int) -> int:
@@ -623,8 +626,13 @@ def _llama4_moe_step(c: _Cfg, layers: int) -> int:
     configuration_llama4.py's default moe_layers places them; 0 for an explicit list of another pattern."""
     step = c.int("interleave_moe_layer_step", default=1)
     given = c.get("moe_layers", default=None)
-    if step < 1 or (isinstance(given, list) and [i for i in given if i < layers] != list(range(step - 1, layers, step))):
+    if step < 1:
         return 0
+    every = range(step - 1, layers, step)
+    if isinstance(given, list):  # (compared by length first: the range is not listed unless as long as the list)
+        listed = [i for i in given if i < layers]
+        if len(listed) != len(every) or listed != list(every):
+            return 0
     return step
 
 
@@ -637,15 +645,15 @@ def _llama4_text(c: _Cfg) -> dict:
     f = _rope_decoder(c, tie_default=False, head_dim_default=128, kv_default=8)
     layers = f["layers"]
     ab = c.bool("attention_bias", default=False)  # Llama4TextAttention: q/k/v/o bias=config.attention_bias
-    rope = _llama4_layer_flags(c, layers)
+    roped, first_nope, nope_every = _llama4_rope_layers(c, layers)
     chunk = c.int("attention_chunk_size", default=8192) if c.d.get("attention_chunk_size", 8192) is not None else None
     types = c.d.get("layer_types")
     if isinstance(types, list) and len(types) >= layers:
         chunked = sum(1 for t in types[:layers] if t == "chunked_attention")
         lead = next((i for i, t in enumerate(types[:layers]) if t != "chunked_attention"), layers)
     else:  # __post_init__: "chunked_attention" where the layer has RoPE and a chunk size is set
-        chunked = sum(rope) if chunk is not None else 0
-        lead = next((i for i, r in enumerate(rope) if not r), layers) if chunked else 0
+        chunked = roped if chunk is not None else 0
+        lead = first_nope if chunked else 0
     temp = c.d.get("attn_temperature_tuning", True)  # bool in transformers 5.24; the hub's Scout config says 4
     e = c.int("num_local_experts", default=16)
     n_moe = _llama4_moe_layers(c, layers) if e > 0 else 0
@@ -654,10 +662,10 @@ def _llama4_text(c: _Cfg) -> dict:
         intermediate=c.int("intermediate_size_mlp", default=16384),  # Llama4TextMLP(intermediate_size_mlp)
         attention_chunk=chunk if chunked else None, chunked_layers=chunked,
         sliding_lead=lead,  # chunked layers before the first full one: their caches are windows (inference.py)
-        nope_layers=layers - sum(rope),
-        nope_every=_nope_every(rope),
-        qk_l2_norm_layers=sum(rope) if c.bool("use_qk_norm", default=True) else 0,
-        attn_temperature=bool(temp) and sum(rope) < layers,
+        nope_layers=layers - roped,
+        nope_every=nope_every,
+        qk_l2_norm_layers=roped if c.bool("use_qk_norm", default=True) else 0,
+        attn_temperature=bool(temp) and roped < layers,
     )
     if n_moe == 0:
         return f
