@@ -200,6 +200,14 @@ class VisionTowerSpec:
     cross_layers: tuple[int, ...] = ()
 
     @property
+    def full_blocks(self) -> int:
+        """The blocks attending over the whole image: those of `full_attention_blocks` below `depth` (each once), every
+        block without windows. Counted from the index list, not by testing each block (a depth of 10**9)."""
+        if not self.window:
+            return self.depth
+        return sum(1 for j in set(self.full_attention_blocks) if 0 <= j < self.depth)
+
+    @property
     def tile(self) -> int:
         """The pixels one language-model token covers per side (patch x merge; the processor resizes to its
         multiples: Qwen2VLImageProcessor smart_resize, factor patch_size * merge_size)."""

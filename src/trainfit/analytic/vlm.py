@@ -188,7 +188,7 @@ def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     merged = n // t.merge ** 2
     embed = a * (n * k + h * k) if st.autocast else (a * n * k if a < FP32 else 0)
     rotary = 2 * n * (h // t.heads) * FP32
-    full = sum(1 for j in range(t.depth) if j in t.full_attention_blocks or not t.window)
+    full = t.full_blocks
     images = setup.batch * setup.images
     if setup.recompute == "full":
         # each block is a GradientCheckpointingLayer (Qwen2_5_VLVisionBlock, :344): it keeps its input only and
@@ -353,7 +353,7 @@ def tower_forward_flops(spec: ModelSpec, setup: Setup) -> float:
     m = t.hidden * t.merge ** 2
     per_block = 2 * n * (4 * h * h + (3 if t.gated_mlp else 2) * h * i)
     images = setup.batch * setup.images
-    full = sum(1 for j in range(t.depth) if j in t.full_attention_blocks or not t.window)
+    full = t.full_blocks
     attention = 4 * h * n * (full * n / images + (t.depth - full) * n / windows(spec, setup))
     mergers = 1 + len(t.deepstack_blocks)
     return patch_embed_flops(spec, setup) + t.depth * per_block + attention + mergers * 2 * (n // t.merge ** 2) * (

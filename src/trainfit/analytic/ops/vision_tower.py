@@ -225,7 +225,7 @@ def block_kinds(spec: ModelSpec, setup) -> list[tuple[int, int]]:
 
     t = spec.vision
     images = setup.batch * (setup.images or 0)
-    full = sum(1 for j in range(t.depth) if j in t.full_attention_blocks or not t.window)
+    full = t.full_blocks
     if pooled(spec):
         return [(t.depth, images)]
     return [(k, c) for k, c in ((t.depth - full, windows(spec, setup)), (full, images)) if k]
