@@ -118,19 +118,21 @@ def interpolation_bytes(spec: ModelSpec, setup: Setup) -> int:
     return vlm.patches(spec, setup) * 4 * (vlm.INDEX + FP32)
 
 
-def _bias_sizes(spec: ModelSpec) -> list[int]:
-    """The tower's Linear and Conv3d bias lengths: the patch conv's (hidden), per block qkv's (3 x hidden), proj's
-    (hidden), linear_fc1's (intermediate) and linear_fc2's (hidden), per merger (the merger and each deepstack
-    merger) linear_fc1's (hidden x merge^2) and linear_fc2's (out_hidden)."""
+def _bias_sizes(spec: ModelSpec) -> list[tuple[int, int]]:
+    """The tower's Linear and Conv3d bias lengths, each with how many biases have it (not one entry per block: a
+    depth of 10**9): the patch conv's (hidden), per block qkv's (3 x hidden), proj's (hidden), linear_fc1's
+    (intermediate) and linear_fc2's (hidden), per merger (the merger and each deepstack merger) linear_fc1's
+    (hidden x merge^2) and linear_fc2's (out_hidden)."""
     t = spec.vision
-    return ([t.hidden] + t.depth * [3 * t.hidden, t.hidden, t.intermediate, t.hidden]
-            + (1 + len(t.deepstack_blocks)) * [t.hidden * t.merge ** 2, t.out_hidden])
+    mergers = 1 + len(t.deepstack_blocks)
+    return [(t.hidden, 1), (3 * t.hidden, t.depth), (t.hidden, t.depth), (t.intermediate, t.depth), (t.hidden, t.depth),
+            (t.hidden * t.merge ** 2, mergers), (t.out_hidden, mergers)]
 
 
 def bias_casts(spec: ModelSpec, st: StateBytes) -> int:
     """Under autocast, the 16-bit casts of the tower's biases (_bias_sizes), which autocast's cache keeps as it
     keeps the weights' (a leaf that requires grad: aten/src/ATen/autocast_mode.cpp cached_cast)."""
-    return st.act * sum(_bias_sizes(spec)) if st.autocast else 0
+    return st.act * sum(b * n for b, n in _bias_sizes(spec)) if st.autocast else 0
 
 
 def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
@@ -164,4 +166,4 @@ def forward_end_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     outputs = n * t.hidden * st.act + mergers * (n // t.merge ** 2) * t.out_hidden * st.act
     if not st.autocast:
         return outputs
-    return outputs + sum(vlm._rounded(setup, st.act * b) for b in _bias_sizes(spec))
+    return outputs + sum(n * vlm._rounded(setup, st.act * b) for b, n in _bias_sizes(spec))
