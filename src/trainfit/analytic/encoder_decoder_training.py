@@ -64,7 +64,7 @@ from .optimizer import PAGED, optimizer_temporaries, state_bytes_unsharded
 from .params import ParamCounts, relative_bias_params
 from .parallel.zero import model_states, params_at_rest
 from .backward import Moment
-from .phases import LayerKind, StepBytes, peak
+from .phases import LayerKind, Pattern, StepBytes, peak
 from .precision import StateBytes, state_bytes
 from .recompute import CPU_RNG_STATE
 
@@ -458,7 +458,8 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
         forward = 0.0 if (ab is not None or full) else forward_moment(spec, setup, st, decoder, first) + saved - \
             terms.block_saved(spec, setup, st, decoder, first)
         kinds.append(LayerKind(saved, m.extra, m.freed, m.grads_done * gb, gradients=own * gb, forward=forward))
-    pattern = tuple([0] + [1] * (spec.layers - 1) + [2] + [3] * (spec.encdec.decoder_layers - 1))
+    # each stack's first block and its other blocks, as runs (not one entry per block: 10**9 blocks a stack)
+    pattern = Pattern.of_runs((0, 1), (1, spec.layers - 1), (2, 1), (3, spec.encdec.decoder_layers - 1))
     inputs = encoder_input(spec, setup, st) + INDEX * dec_rows  # input_ids (Whisper: input_features) and labels
     step = StepBytes(
         resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,

@@ -17,7 +17,7 @@ from . import mamba2
 from .activations import FP32
 from .parallel.tensor import term_divisors
 from .params import ParamCounts
-from .phases import LayerKind
+from .phases import LayerKind, Pattern
 from .precision import StateBytes
 from .recompute import CPU_RNG_STATE, LayerMemory
 
@@ -143,4 +143,4 @@ def block_kinds(spec: ModelSpec, setup: Setup, st: StateBytes, pc: ParamCounts, 
 
     kinds = {"mamba": mamba_kind(spec, setup, st, tokens, lm.saved, (pc.mamba + pc.norms) * gb, gb),
              "attention": like_dense(attn, pc.attention), "mlp": like_dense(mlp, pc.mlp)}
-    return kinds, tuple(m.pattern)
+    return kinds, Pattern.of(m.pattern)

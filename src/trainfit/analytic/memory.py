@@ -32,7 +32,7 @@ from .parallel.tensor import rank_params, term_divisors
 from .parallel.zero import (gathered_params, model_states, params_at_rest, reduce_scatter_transient, shard,
                             unsharded_at, unsharded_bytes)
 from .params import ParamCounts, count_params
-from .phases import LayerKind, StepBytes, peak
+from .phases import LayerKind, Pattern, StepBytes, peak
 from .stacks import model_for
 from .precision import StateBytes, state_bytes
 from .recompute import LayerMemory, checkpoint_held_masks, layer_memory, layer_params
@@ -291,22 +291,26 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         return LayerKind(m.saved, moment.extra + rs, moment.freed, moment.grads_done * share * gb_layer)
 
     kinds = (kind(lm),) + ((kind(lm_full),) if every else ())
-    pattern = tuple(1 if (j + 1) % every == 0 else 0 for j in range(stage.layers)) if every else ()
+    # layer j is checkpointed where j + 1 is a multiple of `every`: a block of every - 1 whole layers and one
+    # checkpointed, repeated, then the rest whole
+    pattern = Pattern(((((0, every - 1), (1, 1)), stage.layers // every),
+                       (((0, stage.layers % every),), 1))) if every else ()
     layer_kinds = () if (every or setup.compile) else interleaved_kinds(spec, setup, stage)
     if layer_kinds:  # Llama 4's layers of different kinds, each with its own saved set and backward high point
         distinct = sorted(set(layer_kinds))
         kinds = tuple(kind(layer_memory(kind_spec(spec, rope), setup, pc, st, tokens, keys, moe_layer=moe))
                       for moe, rope in distinct)
-        pattern = tuple(distinct.index(k) for k in layer_kinds)
+        pattern = Pattern.of(distinct.index(k) for k in layer_kinds)
     cross = None if (pattern or setup.compile) else vlm.cross_kinds(spec, setup, st, stage.layers, kinds[0])
     if cross is not None:  # Mllama's cross-attention layers, a kind of their own (analytic/mllama.py)
         kinds, pattern = cross
-    uniform = kinds[pattern[0] if pattern else 0]
-    casts = sum((lm, lm_full)[k].autocast_casts for k in pattern) if every else stage.layers * lm.autocast_casts
+    uniform = kinds[pattern.first if pattern else 0]
+    casts = (sum((lm, lm_full)[k].autocast_casts * n for k, n in pattern.counts().items()) if every
+             else stage.layers * lm.autocast_casts)
     if spec.hybrid is not None:  # Mamba-2, attention and MLP blocks, each its own kind (hybrid_training.py)
         hybrid_training.check_trainable(spec, setup, st)
         kinds, pattern = hybrid_training.block_kinds(spec, setup, st, pc, tokens, lm, kinds[0], gb_layer)
-        uniform, every = kinds[pattern[0]], len(pattern)
+        uniform, every = kinds[pattern.first], len(pattern)
     masks_held, masks_first = checkpoint_held_masks(spec, setup, st, stage.layers)
     step = StepBytes(
         resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
@@ -392,7 +396,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         host = int(fsdp_host)
     acts_host = None
     if setup.offload_activations:  # the other layers' saved tensors, in pinned host buffers, beside any states
-        every_layer = sum(kinds[k].saved for k in pattern) if every else uniform.saved * stage.layers
+        every_layer = (sum(kinds[k].saved * n for k, n in pattern.counts().items()) if every
+                       else uniform.saved * stage.layers)
         acts_host = int(stage.in_flight * (every_layer - step.layers_saved))
         host = (host or 0) + acts_host
     if setup.lora_rank:  # the adapters are the rank's too, sharded as the base is (lora_states)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from ..alloc.caching_allocator import K_MIN_BLOCK
 from ..setup import Setup
 from ..spec import ModelSpec
+from .phases import Pattern
 from .precision import StateBytes
 
 FP32, INDEX = 4, 8
@@ -244,7 +245,7 @@ def layer_kinds(spec: ModelSpec, setup: Setup, st: StateBytes, layers: int, self
         cross = replace(self_kind, backward=self_kind.backward + cross_layer_delta(spec, setup, st))
     else:
         cross = replace(self_kind, saved=self_kind.saved + cross_layer_delta(spec, setup, st))
-    return (self_kind, cross), tuple(int(j in t.cross_layers) for j in range(layers))
+    return (self_kind, cross), Pattern.of(int(j in t.cross_layers) for j in range(layers))
 
 
 def skipped_params(spec: ModelSpec, setup: Setup, pc, layers: int, embedding: bool) -> float:

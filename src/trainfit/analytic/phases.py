@@ -32,6 +32,48 @@ class LayerKind:
 
 
 @dataclass(frozen=True)
+class Pattern:
+    """Each layer's kind, first to last, as runs: `runs` holds (block, times) pairs, the block repeated `times` times
+    and itself (kind, count) pairs, `count` alike layers of a kind (StepBytes.kinds' keys). Alike and repeating layers
+    are written once, not once per layer: a T5 of 10**9 layers a stack is four runs, Llama 4's interleave one block
+    of its period repeated, and the per-layer moments are taken where they may peak (_layer_points)."""
+
+    runs: tuple
+
+    @classmethod
+    def of(cls, kinds) -> "Pattern":
+        """The pattern of a sequence of each layer's kind, written out (a run of one layer each)."""
+        return cls(((tuple((k, 1) for k in kinds), 1),))
+
+    @classmethod
+    def of_runs(cls, *runs: tuple) -> "Pattern":
+        """The pattern of (kind, count) runs, first to last (runs of no layer dropped)."""
+        return cls(((tuple(r for r in runs if r[1] > 0), 1),))
+
+    def __len__(self) -> int:
+        return sum(times * sum(n for _, n in block) for block, times in self.runs)
+
+    @property
+    def first(self):
+        """The first layer's kind."""
+        return next(k for block, times in self.runs if times for k, n in block if n)
+
+    def counts(self) -> dict:
+        """The layers of each kind."""
+        out: dict = {}
+        for block, times in self.runs:
+            for k, n in block:
+                out[k] = out.get(k, 0) + times * n
+        return out
+
+
+def _ends(n: int) -> range | tuple:
+    """The positions of a run of n where a moment linear in the position may peak, its first two and last two (two:
+    the model's first and last layers are moments of their own, next to a run's linear rest)."""
+    return range(n) if n <= 4 else (0, 1, n - 2, n - 1)
+
+
+@dataclass(frozen=True)
 class StepBytes:
     """One rank's bytes, by what they are, that the phases combine."""
 
@@ -73,7 +115,7 @@ class StepBytes:
     # layers of different kinds: the kinds and each layer's kind, first to last (empty: all layers alike, as
     # layer_saved, layer_backward, layer_freed, layer_grads_done say)
     kinds: tuple = ()
-    pattern: tuple = ()
+    pattern: Pattern | tuple = ()  # (a tuple: each layer's kind, written out; taken as Pattern.of it)
     # --optimizer-in-backward: each gradient is applied and freed as it is made (step/in_backward.py), so instead
     # of the gradients so far a backward moment holds one: the largest gradient with its step's temporaries
     in_backward_step: float | None = None
@@ -87,12 +129,21 @@ class StepBytes:
     # autograd runs its backward last (analytic/mllama.py); not made yet at the embedding's backward
     late_gradients: float = 0.0
 
+    def __post_init__(self):
+        if self.pattern and not isinstance(self.pattern, Pattern):
+            object.__setattr__(self, "pattern", Pattern.of(self.pattern))
+
     @property
     def layers_saved(self) -> float:
         """The saved bytes of all this rank's layers for one micro-batch held on the device (all, unless offloaded)."""
         n = self.layers if self.layers_on_device is None else min(self.layers, self.layers_on_device)
         if self.pattern:  # NB (offloaded): the largest kinds taken for the layers on the device
-            return sum(sorted((self.kinds[k].saved for k in self.pattern), reverse=True)[:n])
+            total = 0
+            for saved, count in sorted(((self.kinds[k].saved, c) for k, c in self.pattern.counts().items()),
+                                       reverse=True):
+                total += min(n, count) * saved
+                n -= min(n, count)
+            return total
         return n * self.layer_saved
 
     @property
@@ -180,22 +231,54 @@ def peak(b: StepBytes) -> Peak:
                 {k: int(v) for k, v in totals.items()})
 
 
+def _layer_points(b: StepBytes):
+    """(k, kind, below, after) for each layer k (counting from 0) where a per-layer moment may peak, with the saved
+    bytes of the layers before it and the gradients of those after it. Along a run of alike layers, or a block's
+    repetitions, each moment changes by a constant per layer (a layer's or a block's saved bytes in, its gradients
+    out; an FSDP2 layer's buffers by `per`): linear, so the largest is at the run's ends (_ends), and the rest are
+    not walked (a pattern of 10**9 layers). A pattern written out (Pattern.of) is every layer, summed as before."""
+    def grad(kind) -> float:
+        g = b.kinds[kind].gradients
+        return b.layer_gradients if g is None else g
+
+    runs = b.pattern.runs
+    # the gradients of the layers after each (block, times) run
+    after_run = [0.0] * len(runs)
+    for i in range(len(runs) - 2, -1, -1):
+        block, times = runs[i + 1]
+        after_run[i] = after_run[i + 1] + times * sum(grad(k) * n for k, n in block)
+    k0, below_run = 0, 0.0  # the run's first layer, the saved bytes before it
+    for (block, times), after_block in zip(runs, after_run):
+        width = sum(n for _, n in block)
+        saved = sum(b.kinds[k].saved * n for k, n in block)
+        grads = sum(grad(k) * n for k, n in block)
+        # within the block: each (kind, count)'s first layer and the saved bytes before it, the gradients after it
+        starts, before, inner = [], 0, 0.0
+        for k, n in block:
+            starts.append((before, inner))
+            before, inner = before + n, inner + b.kinds[k].saved * n
+        later, tail = [0.0] * len(block), 0.0
+        for j in range(len(block) - 1, -1, -1):
+            later[j] = tail
+            tail += grad(block[j][0]) * block[j][1]
+        for r in _ends(times):
+            for (kind, n), (first, below_in), after_in in zip(block, starts, later):
+                for q in _ends(n):
+                    yield (k0 + r * width + first + q, kind,
+                           below_run + r * saved + below_in + q * b.kinds[kind].saved,
+                           after_block + (times - 1 - r) * grads + after_in + (n - 1 - q) * grad(kind))
+        k0, below_run = k0 + times * width, below_run + times * saved
+
+
 def _mixed_layer_moments(b: StepBytes, grads, others: float, gathered) -> list:
     """Each layer's backward high point when the layers differ: layer k (counting from 0) holds the gradients of
     the head and of the layers after it, the saved tensors of the layers before it and its own high point. (With
     alike layers the live bytes change by a constant per layer, so the first and the last suffice; here the
-    largest may lie between: every layer is taken.) The first and last layers keep their FSDP buffers' moments."""
+    largest may lie between: every layer where it may, _layer_points.) The first and last layers keep their FSDP
+    buffers' moments."""
     n = len(b.pattern)
     out = []
-    below = 0.0  # saved bytes of the layers before k
-    grads_of = [b.layer_gradients if b.kinds[kind].gradients is None else b.kinds[kind].gradients
-                for kind in b.pattern]
-    # after[k]: the gradients of the layers after layer k (one pass: a sum per layer was n**2 / 2 additions, hours
-    # for a pattern of 10**6 layers)
-    after = [0.0] * n
-    for k in range(n - 2, -1, -1):
-        after[k] = after[k + 1] + grads_of[k + 1]
-    for k, kind in enumerate(b.pattern):
+    for k, kind, below, after in _layer_points(b):
         lk = b.kinds[kind]
         name = "last_layer_backward" if k == n - 1 else ("first_layer_backward" if k == 0 else f"layer_{k}_backward")
         if k in (0, n - 1) or "layer_backward" not in b.gathered_at:
@@ -203,10 +286,9 @@ def _mixed_layer_moments(b: StepBytes, grads, others: float, gathered) -> list:
         else:
             constant, per = b.gathered_at["layer_backward"]
             held = constant + (k + 1) * per
-        out.append((name, grads(b.head_gradients + after[k] + lk.grads_done),
+        out.append((name, grads(b.head_gradients + after + lk.grads_done),
                     others + b.embedding_saved + (b.masks_first if k == 0 else b.masks_held) + b.inputs + below
                     + lk.saved - lk.freed, lk.backward + held))
-        below += lk.saved
     return out
 
 
@@ -214,12 +296,10 @@ def _mixed_layer_forward(b: StepBytes, before: float, gathered) -> list:
     """The forward high point of each layer whose kind has one (LayerKind.forward): the embedding's and the layers
     before it saved tensors, its own live bytes (all micro-batches in flight but this one at their forward end)."""
     out = []
-    below = 0.0
     others = (b.in_flight - 1) * (b.layers_saved + b.embedding_saved + b.masks_held)
-    for k, kind in enumerate(b.pattern):
+    for k, kind, below, _ in _layer_points(b):
         lk = b.kinds[kind]
         if lk.forward:
             out.append((f"layer_{k}_forward", before, others + b.embedding_saved + b.masks_held + b.inputs + below,
                         lk.forward + gathered("forward_end")))
-        below += lk.saved
     return out
