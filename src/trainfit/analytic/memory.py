@@ -7,6 +7,7 @@ as the largest of the step's high points).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -149,7 +150,7 @@ def offload_window(setup: Setup) -> int:
     return 1 if long_context.checkpoint_offload(setup) else OFFLOAD_WINDOW
 
 
-def interleaved_kinds(spec: ModelSpec, setup: Setup, stage: Stage) -> tuple:
+def interleaved_kinds(spec: ModelSpec, setup: Setup, stage: Stage) -> Pattern | tuple:
     """Each layer's kind, first to last, as (MoE, RoPE) where Llama 4's layers differ at recorded intervals: MoE
     layers interleaved with dense ones (MoESpec.layer_step: Maverick's every other layer, dense first) and NoPE
     layers among the RoPE ones (ModelSpec.nope_every: every fourth), the RoPE layers with their chunked attention and
@@ -157,15 +158,18 @@ def interleaved_kinds(spec: ModelSpec, setup: Setup, stage: Stage) -> tuple:
     after it (phases._mixed_layer_moments), where spreading the kinds evenly over the layers put the MoE layer's
     moment in the first layer with every other layer's gradients (full recompute on the families matrix's shrunk
     Maverick: +7 % to +9 %). () where the layers are alike or their positions are not recorded, or on a pipeline (NB:
-    a stage's first layer index is not tracked here; the layers are then priced alike)."""
+    a stage's first layer index is not tracked here; the layers are then priced alike). A Pattern: one period of the
+    two intervals (their least common multiple) written out and repeated, not each layer (a config of 10**9 layers).
+    NB: O(period) work, which co-prime intervals of millions of layers would make large."""
     step = spec.moe.layer_step if spec.moe is not None else 0
     nope = spec.nope_every if (spec.chunked_layers or spec.qk_l2_norm_layers) else 0
     if (step < 2 and nope < 2) or setup.pp > 1 or stage.layers != spec.layers:
         return ()
-    moe = [spec.moe is not None and (spec.moe.sparse_layers is None if step < 2 else j % step == step - 1)
-           for j in range(stage.layers)]
-    rope = [nope < 2 or (j + 1) % nope != 0 for j in range(stage.layers)]
-    return tuple(zip(moe, rope))
+    period = math.lcm(max(step, 1), max(nope, 1))
+    kinds = tuple(((spec.moe is not None and (spec.moe.sparse_layers is None if step < 2 else j % step == step - 1),
+                    nope < 2 or (j + 1) % nope != 0), 1) for j in range(min(period, stage.layers)))
+    whole, rest = divmod(stage.layers, period)
+    return Pattern(((kinds, whole), (kinds[:rest], 1)))
 
 
 def kind_spec(spec: ModelSpec, rope: bool) -> ModelSpec:
@@ -297,10 +301,9 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
                        (((0, stage.layers % every),), 1))) if every else ()
     layer_kinds = () if (every or setup.compile) else interleaved_kinds(spec, setup, stage)
     if layer_kinds:  # Llama 4's layers of different kinds, each with its own saved set and backward high point
-        distinct = sorted(set(layer_kinds))
-        kinds = tuple(kind(layer_memory(kind_spec(spec, rope), setup, pc, st, tokens, keys, moe_layer=moe))
-                      for moe, rope in distinct)
-        pattern = Pattern.of(distinct.index(k) for k in layer_kinds)
+        kinds = {(moe, rope): kind(layer_memory(kind_spec(spec, rope), setup, pc, st, tokens, keys, moe_layer=moe))
+                 for moe, rope in sorted(layer_kinds.counts())}
+        pattern = layer_kinds
     cross = None if (pattern or setup.compile) else vlm.cross_kinds(spec, setup, st, stage.layers, kinds[0])
     if cross is not None:  # Mllama's cross-attention layers, a kind of their own (analytic/mllama.py)
         kinds, pattern = cross
