@@ -245,7 +245,13 @@ def layer_kinds(spec: ModelSpec, setup: Setup, st: StateBytes, layers: int, self
         cross = replace(self_kind, backward=self_kind.backward + cross_layer_delta(spec, setup, st))
     else:
         cross = replace(self_kind, saved=self_kind.saved + cross_layer_delta(spec, setup, st))
-    return (self_kind, cross), Pattern.of(int(j in t.cross_layers) for j in range(layers))
+    # the self-attention layers between the (sorted, distinct: models/mllama.py cross_layers) cross-attention ones, as
+    # runs (not one entry per layer: 10**9 layers)
+    runs, prev = [], -1
+    for j in t.cross_layers:
+        runs += [(0, j - prev - 1), (1, 1)]
+        prev = j
+    return (self_kind, cross), Pattern.of_runs(*runs, (0, layers - prev - 1))
 
 
 def skipped_params(spec: ModelSpec, setup: Setup, pc, layers: int, embedding: bool) -> float:
