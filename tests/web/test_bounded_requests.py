@@ -140,3 +140,28 @@ def test_a_long_hybrid_pattern_is_linear_work():
     r = client.post("/api/estimate", json={"config": config})  # (no --gpu: no fit advice to try)
     assert r.status_code == 200, r.text
     assert r.json()["memory"]["peak"] > 0
+
+
+# the catalog model and layer-count key of each kind of per-layer walk a pasted config once reached (hf_config's
+# counts, phases.Pattern's runs, a tower's blocks): tests/cli/test_bounded_depth.py tries every model_type's
+DEEP = [("tiny-t5", ("num_layers",)), ("whisper-tiny", ("decoder_layers",)),
+        ("tiny-qwen3-next", ("num_hidden_layers",)), ("tiny-llama4", ("num_hidden_layers",)),
+        ("qwen1.5-moe-a2.7b", ("num_hidden_layers",)),
+        ("llama-3.2-11b-vision", ("text_config", "num_hidden_layers")), ("qwen3-vl-2b", ("vision_config", "depth"))]
+
+
+@pytest.mark.parametrize("depth", (10**9, 2**40))
+@pytest.mark.parametrize("model, key", DEEP, ids=[m for m, _ in DEEP])
+def test_a_pasted_config_of_a_huge_depth_answers_or_is_a_400(model, key, depth):
+    """A layer count of 10**9 or 2**40 answers (200) or is refused in one line (400), within the time limit: not a 503
+    (the limit), nor a 500 (a MemoryError)."""
+    import json
+    from importlib import resources
+
+    config = json.loads((resources.files("trainfit.models.catalog") / f"{model}.json").read_text())
+    (config[key[0]] if len(key) > 1 else config)[key[-1]] = depth
+    client = TestClient(web.create_app(time_limit=20), raise_server_exceptions=False)
+    r = client.post("/api/estimate", json={"config": config, "gpu": "H100-80GB"})
+    assert r.status_code in (200, 400), r.text[:500]
+    if r.status_code == 400:
+        assert "\n" not in r.json()["error"], r.text
