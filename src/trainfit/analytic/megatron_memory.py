@@ -32,7 +32,7 @@ from .moe_imbalance import busiest_rank_load, least_load
 from .parallel.megatron import (bytes_per_param, grad_copy_bytes, largest_param, megatron_model_states,
                                 megatron_tensors, rank_params, shards)
 from .parallel.pipeline import Stage
-from .phases import LayerKind, StepBytes, peak
+from .phases import LayerKind, Pattern, StepBytes, peak
 from .precision import state_bytes
 
 
@@ -73,7 +73,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
                      - _stored(spec, setup, frac, tokens, keys, False))
 
     policy, n = setup.recompute_policy, setup.recompute_layers
-    pattern: tuple = ()
+    pattern: Pattern | tuple = ()
     kinds: tuple = ()
     if policy in ("full", "uniform"):
         groups = math.ceil(stage.layers / max(setup.vpp, 1) / n) * max(setup.vpp, 1)
@@ -83,7 +83,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         uniform = LayerKind(full, temps, 0.0, 0.0)
         chunk = stage.layers // max(setup.vpp, 1)
         ck = min(n, chunk)
-        pattern = tuple(([1] * ck + [0] * (chunk - ck)) * max(setup.vpp, 1))
+        # each virtual chunk's first ck layers checkpointed, the rest stored whole: runs, not one entry per layer
+        pattern = Pattern(((((1, ck), (0, chunk - ck)), max(setup.vpp, 1)),))
         kinds = (uniform, LayerKind(kept, full + temps, 0.0, 0.0))
     else:  # none, selective
         uniform = LayerKind(full, temps, 0.0, 0.0)
@@ -104,7 +105,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
                        for c in (False, True))
         off_kinds, off_pattern = megatron_offload.layer_kinds(stage.layers, n_off, full, off, temps, LayerKind)
         kinds = (uniform,) + off_kinds  # kind 0 the layer stored whole (the MTP layers' below)
-        pattern = tuple(i + 1 for i in off_pattern)
+        pattern = Pattern.of(i + 1 for i in off_pattern)
 
     _, _, p_hidden = spec.dropouts
     embed = emb_back = 0.0
@@ -150,7 +151,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         loss_back = ce.backward  # unfused: the logits' 16-bit gradient (the fp32 one made in place of the softmax)
         norm_back = 2 * a * h / sp * tokens
     if pattern and stage.mtp:
-        pattern += (0,) * stage.mtp  # the MTP layers' own (not block-checkpointed)
+        pattern = Pattern(pattern.runs + ((((0, stage.mtp),), 1),))  # the MTP layers' own (not block-checkpointed)
     n_mtp = mtp_layers(spec, setup)
     if stage.head and n_mtp:
         # each MTP layer's logits through the shared output layer and its own cross-entropy (gpt_model.py:611-660)
