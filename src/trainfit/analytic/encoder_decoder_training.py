@@ -42,13 +42,15 @@ loss reads lm_logits as they are) and the decoder's ids (_shift_right's int64 co
 Full recomputation (gradient checkpointing: T5Block is a GradientCheckpointingLayer, :439, called per block in
 T5Stack.forward :728-743 between the embeddings' dropout :726 and the final norm :745): each block keeps its input (and on a CPU the generator's state, recompute.
 CPU_RNG_STATE); each stack keeps its relative bias (1, heads, q, k), the decoder also the encoder's output and
-the cross-attention's zero bias (T5Attention.forward :335-342), all checkpoint inputs; in its backward a block runs
+the cross-attention's zero bias (T5Attention.forward :340-346), all checkpoint inputs; in its backward a block runs
 its forward again: its whole saved set is live again beside the incoming gradient and the backward's own
-temporaries.
+temporaries, and a stack's first block its forward's high point again (rerun_forward_moment). The zero bias is a
+leaf that requires grad there (:345-346): autograd's AccumulateGrad keeps it and its .grad, summed over the
+cross-attentions, as long as the step's graph (the loss) lives, through the optimizer step (zero_bias_leaf).
 The forward's own high points (forward_moment: each stack's relative bias, held through its blocks and kept by none,
 its first block's bucketing, its self-attention's mask copies) are moments too without recomputation: a long input
 or target over few heads puts the peak there (tiny-t5 at 1024 + 128 tokens). NB: under full recomputation they are
-not counted (under where the forward's bias outweighs the re-run's moments).
+not counted as forward moments (the re-run's, rerun_forward_moment, are larger by the gradients).
 """
 from __future__ import annotations
 
@@ -235,24 +237,37 @@ def head_bytes(spec: ModelSpec, setup: Setup, st: StateBytes) -> tuple[float, fl
 
 def held_per_stack(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool) -> float:
     """Under full recomputation, a stack's checkpoint inputs beyond each block's hidden states: its relative bias
-    (1, heads, q, k) in the weights' dtype; the decoder's also the encoder's output and the cross-attention's zero
-    bias (1, heads, t, s) in the query's dtype."""
+    (1, heads, q, k) in the weights' dtype; the decoder's also the encoder's output (its cross-attention's zero bias,
+    a leaf autograd keeps to the step's end: zero_bias_leaf)."""
     s, t = setup.seq, setup.target_tokens
     q_len = t if decoder else s
     out = spec.heads * q_len * q_len * st.weight
     if decoder:
-        out += setup.batch * s * spec.hidden * st.weight + spec.heads * t * s * st.act
+        out += setup.batch * s * spec.hidden * st.weight
     return out
 
 
+def zero_bias_leaf(spec: ModelSpec, setup: Setup, st: StateBytes) -> float:
+    """Under full recomputation, the decoder's cross-attention zero bias (1, heads, t, s) in the query's dtype and
+    its .grad: T5Attention.forward makes it a leaf that requires grad under gradient checkpointing (modeling_t5.py
+    :340-346), so the graph's AccumulateGrad node keeps it and accumulates the cross-attentions' bias gradients in
+    its .grad, both live as long as the graph (the loss) is, through the optimizer step (read off the trace of
+    tiny-t5, 1024 + 128 tokens, amp-bf16 on CUDA: both live at the re-run encoder block 0's bucketing).
+    NB: counted from the forward's end; the .grad is made at the decoder's last cross-attention's backward (over by
+    one (heads, t, s) tensor at the head's moments and that block's MLP moments)."""
+    return 2 * spec.heads * setup.target_tokens * setup.seq * st.act if setup.recompute == "full" else 0.0
+
+
 def forward_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, first: bool) -> float:
-    """A block's forward high point, its saved tensors so far included (phases.LayerKind.forward), without
-    recomputation: T5Stack.forward (modeling_t5.py:726-745) holds its input embeddings (inputs_embeds) and the
-    relative bias its first block made (position_bias, (1, heads, q, k) in the weights' dtype: the Embedding keeps
-    only its indices) as locals through every block, so a long input's stack carries (heads, q, q) tensors that no
-    block saves. The largest of:
+    """A block's forward high point, its saved tensors so far included (phases.LayerKind.forward; under full
+    recomputation a first block's re-run, rerun_forward_moment): T5Stack.forward (modeling_t5.py:726-745) holds its
+    input embeddings (inputs_embeds) and the relative bias its first block made (position_bias, (1, heads, q, k) in
+    the weights' dtype: the Embedding keeps only its indices) as locals through every block, so a long input's stack
+    carries (heads, q, q) tensors that no block saves. The largest of:
     - a first block at its relative bias's bucketing (encoder_decoder.bucket_live over the (q, k) pairs, the bucket
-      indices kept among them), its norm, q, k, v and their casts made;
+      indices kept among them), its norm, q, k, v and their casts made (under autocast beside the norm's output,
+      normed_hidden_states :395 in the weights' dtype, which no linear keeps and the sublayer holds through the
+      attention call; otherwise the linears keep it, norm_saved);
     - its self-attention at SDPA's mask (sdpa_attention.py create_position_bias_mask :54-91), beside the bias: at the
       mask's contiguous copy, the sublayer's norm, casts, q, k and v (and the decoder's torch.where output it
       copies, with its causal mask); then inside the SDPA call the sublayer's kept set (as attention_moment's: norm,
@@ -271,7 +286,8 @@ def forward_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool,
     if decoder and not efficient:
         bias += spec.heads * q_len * setup.seq * st.act
     core = attention_core(spec, setup, st, q_len, q_len)
-    kept = norm_saved(st, rows, h) + core + attention_casts(spec, st, rows, rows) + \
+    normed = norm_saved(st, rows, h) + (rows * h * st.weight if st.autocast else 0)
+    kept = normed + core + attention_casts(spec, st, rows, rows) + \
         (q_len * q_len if decoder else 0) + (INDEX * q_len * q_len if first else 0)
     copy = pairs * st.weight
     # at the contiguous copy, before SDPA's call (q, k and v made, nothing of the core's own yet), beside the
@@ -282,7 +298,7 @@ def forward_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool,
                                                                       else 0)
     moments = [bias + at_copy, bias + at_call, bias + block_saved(spec, setup, st, decoder, first)]
     if first:
-        moments.append(norm_saved(st, rows, h) + 3 * rows * q * st.act + attention_casts(spec, st, rows, rows)
+        moments.append(normed + 3 * rows * q * st.act + attention_casts(spec, st, rows, rows)
                        + q_len * q_len * bucket_live(decoder))
     return embeds + max(moments)
 
@@ -319,11 +335,40 @@ def block_moments(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, 
     # (under full recomputation wo's input and the noise freed are the re-run's: backward.layer_moments)
     rule = Moment(rerun + incoming + gated - (mlp_freed if full else 0), wo, out_freed + (0 if full else mlp_freed))
     moments = [down, rule]
+    if full and first:
+        moments.append(rerun_forward_moment(spec, setup, st, decoder))
     if efficient_attention(spec, setup, st):
         moments.append(attention_moment(spec, setup, st, decoder, first))
     if decoder and first and not full:
         moments.append(decoder_embedding_moment(spec, setup, st))
     return moments
+
+
+def rerun_forward_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool) -> Moment:
+    """Under full recomputation, a stack's first block's re-run forward at its own high point (forward_moment's:
+    the relative bias's bucketing, or the self-attention's mask copies beside the bias it makes again). The first
+    unpack of a checkpointed block's saved tensor re-runs its whole forward (torch/utils/checkpoint.py unpack_hook
+    :1165-1185, frame.recompute_fn; early stop :1128-1131 comes after the attention's saved tensors), and the first
+    block makes the relative bias again (modeling_t5.py:347-350, compute_bias :265-281) with its (q, k) int64
+    bucketing. Beside it the incoming gradient (the residual stream's) and the gradient of the stack's relative bias,
+    (1, heads, q, k) in the weights' dtype, that the blocks after it accumulated (the bias is the first block's
+    output, T5Stack.forward :728-743); the held relative bias (a checkpoint input of those blocks) freed with their
+    backward (read off the trace of tiny-t5, 1024 + 128 tokens, amp-bf16 on CUDA: the peak at the re-run encoder
+    block 0's bucketing, the six (q, k) int64 tensors, the bool and the accumulated fp32 gradient live; at 128 + 1024,
+    the re-run decoder block 0 at the mask's copy). The stack's input embeddings, which the forward holds, are not
+    live here (the dropout's output, the block's input, is counted with the stack's ends). Under autocast the
+    incoming gradient has a 16-bit copy too: the MLP sublayer's residual add (T5LayerFF :141, fp32 stream + 16-bit
+    branch) hands its branch the gradient cast to the branch's dtype (autograd casts an input's gradient to its
+    dtype) before the branch dropout's backward unpacks a saved tensor and so starts the re-run.
+    NB: with one block in the stack there is no accumulated gradient (over by one (heads, q, k) tensor); on the
+    CPU math path forward_moment counts the decoder's zero bias made again, held there already (over by one
+    (heads, t, s) tensor)."""
+    q_len = setup.target_tokens if decoder else setup.seq
+    rows = setup.batch * q_len
+    bias = spec.heads * q_len * q_len * st.weight  # the accumulated gradient in, the held bias freed
+    embeds = rows * spec.hidden * st.weight
+    incoming = (st.residual + (st.act if st.act != st.residual else 0)) * spec.hidden * rows
+    return Moment(incoming + bias + forward_moment(spec, setup, st, decoder, True) - embeds, 0, bias)
 
 
 def attention_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, first: bool) -> Moment:
@@ -336,17 +381,18 @@ def attention_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: boo
     sublayer's dropout mask and residual output) freed by their backward, with their weights' gradients done.
     Under full recomputation the re-run's kept tensors instead (the re-run first block keeps its bias's contiguous
     copy, not the relative bias it made), beside the gradient of the stack's relative bias accumulated over the
-    blocks after it (1, heads, q, q) in the weights' dtype; at the first block the held relative bias (and the
-    decoder's zero bias) is freed, the blocks after it done (read off the trace of flan-t5-base, 2 x 2048 tokens,
-    bf16: the peak at encoder block 1's kernel backward, the held bias, the accumulated gradient, the re-run's copy
-    and the kernel's (b, heads, q, q) gradient live).
+    blocks after it (1, heads, q, q) in the weights' dtype; at the first block the held relative bias is freed, the
+    blocks after it done (read off the trace of flan-t5-base, 2 x 2048 tokens, bf16: the peak at encoder block 1's
+    kernel backward, the held bias, the accumulated gradient, the re-run's copy and the kernel's (b, heads, q, q)
+    gradient live).
     NB: without recomputation a batch over 1 sums the bias's gradient to (1, heads, q, k) (expand's backward)
     after the kernel, and the stack's bias gradient accumulates from its last block's attention on; neither is
     counted (under: one (heads, q, k) tensor beside a (b, heads, q, k) one, and every block after the stack's last
     keeps less than the last, which holds a bias copy of that size). Under full recomputation the stack's last
     block has no accumulated gradient yet (over by one (heads, q, q) tensor where the stack's one later block is
-    its last) and the cross-attention's (b, heads, t, s) bias gradient (the zero bias requires grad under
-    checkpointing, modeling_t5.py:340-341) comes before the self-attention's and is not counted."""
+    its last) and the cross-attention kernel's (b, heads, t, s) bias gradient (the zero bias requires grad under
+    checkpointing, modeling_t5.py:345-346) comes before the self-attention's and is not counted (its sum, the
+    leaf's .grad, is: zero_bias_leaf)."""
     h, a, r, q = spec.hidden, st.act, st.residual, inner(spec)
     q_len = setup.target_tokens if decoder else setup.seq
     b = setup.batch
@@ -359,8 +405,7 @@ def attention_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: boo
     done = h * spec.intermediate * (3 if spec.gated_mlp else 2) + q * h + h + (4 * h * q + h if decoder else 0)
     if setup.recompute == "full":
         accumulated = spec.heads * q_len * q_len * st.weight
-        held = (accumulated + (spec.heads * q_len * setup.seq * st.act if decoder else 0)) if first else 0
-        return Moment(kept + accumulated + grads, done, held)
+        return Moment(kept + accumulated + grads, done, accumulated if first else 0)
     return Moment(grads, done, saved - kept)
 
 
@@ -432,9 +477,14 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
     dec_rows = b * setup.target_tokens
     enc_embedding, enc_final, dec_embedding, dec_final = stack_terms(spec, setup, st)
     head_saved, logits, loss_backward = head_bytes(spec, setup, st)
+    full = setup.recompute == "full"
+    if full and ab is None:
+        # each stack's last block's output, which its final norm keeps (norm_saved: the input, counted where it is
+        # made, a block's saved set); under checkpointing no block keeps it (T5Stack.forward :745)
+        enc_final += st.residual * h * b * setup.seq
+        dec_final += st.residual * h * dec_rows
     if ab is not None:
         logits += ab.logits_extra(spec, setup, st)
-    full = setup.recompute == "full"
     gb = st.grad
     terms = ab or sys.modules[__name__]
     kinds = []
@@ -461,6 +511,7 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
     # each stack's first block and its other blocks, as runs (not one entry per block: 10**9 blocks a stack)
     pattern = Pattern.of_runs((0, 1), (1, spec.layers - 1), (2, 1), (3, spec.encdec.decoder_layers - 1))
     inputs = encoder_input(spec, setup, st) + INDEX * dec_rows  # input_ids (Whisper: input_features) and labels
+    leaf = zero_bias_leaf(spec, setup, st) if ab is None else 0.0  # (T5, full recomputation) to the step's end
     step = StepBytes(
         resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
                   "comm_buffers": ms.comm},
@@ -472,8 +523,8 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
         in_flight=1,
         layer_saved=0.0,
         embedding_saved=enc_embedding,
-        head_saved=dec_final + head_saved + inputs,
-        inputs=inputs,
+        head_saved=dec_final + head_saved + inputs + leaf,
+        inputs=inputs + leaf,
         forward_transient=logits,
         loss_backward=loss_backward,
         layer_backward=0.0,
@@ -485,6 +536,7 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
         optimizer_transient=optimizer_temporaries(setup, st, n, spec.vocab * h),
         kinds=tuple(kinds),
         pattern=pattern,
+        step_inputs=leaf,
     )
     p = peak(step)
     detail = {"stage": 0, "layers_on_rank": len(pattern), "in_flight_microbatches": 1,
