@@ -28,11 +28,12 @@ every model: they only shorten the reuse traversal, by a few hidden-sized vector
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from itertools import islice
 
+from ...errors import SetupError
 from ...spec import ModelSpec
 from ..families import family_traits
 from ..params import ParamCounts
@@ -82,10 +83,20 @@ def replayable(spec: ModelSpec) -> bool:
     return spec.hybrid is None and spec.encdec is None and spec.vision is None and spec.linear_attn is None
 
 
+# The replay follows the coordinator module by module, as DeepSpeed's hooks run (linear in the modules: about 0.2 ms a
+# layer); deeper than this it is refused rather than run for minutes (10**9 layers: days). 79 times the deepest
+# catalog model's layers (Llama 3.1 405B: 126): a bound on the work, no model's limit.
+MAX_LAYERS = 10_000
+
+
 def hf_model(spec: ModelSpec, pc: ParamCounts, leaf_moe: bool) -> Model:
     """The module tree of transformers' causal LM: model (embed_tokens, layers, norm), lm_head (the embedding's
     parameter when tied); a layer: input norm, self_attn (q/k/v/o, fused where the family fuses them), post norm,
     mlp (gate, up, down) or the MoE block (router, experts, shared expert; one leaf when `leaf_moe`)."""
+    if spec.layers > MAX_LAYERS:
+        raise SetupError(f"{spec.name}: {spec.layers:,} layers; DeepSpeed ZeRO's parameter layout is replayed module "
+                         f"by module (analytic/parallel/zero3_replay.py), up to {MAX_LAYERS:,} layers: check the "
+                         "config's layer count, or use --stack hf or torchtitan")
     h, traits = spec.hidden, family_traits(spec)
     numel: list[int] = []
 
@@ -168,6 +179,7 @@ def replay(model: Model, recompute: bool, persistence: int, prefetch: int, max_l
     queue = deque((p, s) for s, m in enumerate(order) for p in sorted(set(m.gathers)))  # :241-242 record_parameters
     recent: dict[int, int] = defaultdict(lambda: -10**18)  # __most_recent_step_id_param_fetched_for
     live = peak = 0
+    walks = {True: _Walk(order, numel, lambda u: u.subtree), False: _Walk(order, numel, lambda u: u.direct)}
 
     def gather(p: int) -> None:
         nonlocal live
@@ -197,15 +209,34 @@ def replay(model: Model, recompute: bool, persistence: int, prefetch: int, max_l
         peak = max(peak, live)
         # release_sub_module after the step id moved on (:489); __params_to_release (:640-662)
         free = {p for p in own if not persist[p] and recent[p] <= s + 1}
-        walked = 0
-        for u in islice(order, s + 1, None):
-            if walked >= reuse:
-                break
-            ahead = u.subtree if m.leaf else u.direct  # recurse=z3_leaf_module(the released module), :658
-            free -= set(ahead)
-            walked += sum(numel[p] for p in ahead)
+        ahead = walks[m.leaf]  # recurse=z3_leaf_module(the released module), :658
         for p in free:
-            if gathered[p]:
+            if gathered[p] and not ahead.reused(p, s, reuse):
                 gathered[p] = False
                 live -= numel[p]
     return peak
+
+
+class _Walk:
+    """The coordinator's walk ahead of a released module (:650-660), over the trace `order` with each module counted
+    as `ahead(module)` (its subtree or its own parameters): from the next module on, it adds each one's parameters'
+    elements and stops once they reach the reuse distance, and a parameter met before that is kept. The elements
+    before position t sum to prefix[t] - prefix[s + 1], so a parameter is kept iff its first use after s lies where
+    that sum is still under the distance: found by bisection instead of walked (the walk is quadratic in the depth
+    where the distance spans the model: a tiny model of 1,000 layers took 110 s)."""
+
+    def __init__(self, order, numel, ahead):
+        self.prefix = [0]
+        self.uses: dict[int, list[int]] = defaultdict(list)
+        for t, u in enumerate(order):
+            params = ahead(u)
+            self.prefix.append(self.prefix[-1] + sum(numel[p] for p in params))
+            for p in params:
+                if not self.uses[p] or self.uses[p][-1] != t:
+                    self.uses[p].append(t)
+
+    def reused(self, p: int, s: int, reuse: int) -> bool:
+        """Whether the walk from module s meets parameter p before the reuse distance."""
+        uses = self.uses.get(p, ())
+        i = bisect_right(uses, s)
+        return i < len(uses) and self.prefix[uses[i]] - self.prefix[s + 1] < reuse
