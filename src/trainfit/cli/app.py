@@ -327,7 +327,7 @@ def gpus(json: bool = JsonOpt) -> None:
     from ..units import fmt_bytes
 
     t = Table(title="trainfit gpus (dense peaks)", header_style="bold", padding=(0, 1))
-    for col in ("name", "memory (CUDA)", "nvidia-smi", "bandwidth", "bf16 / fp16 TFLOP/s", "fp32 / tf32 TFLOP/s",
+    for col in ("name", "memory (CUDA)", "nvidia-smi", "bandwidth", "bf16 / fp16 TFLOP/s", "fp32/tf32 TFLOP/s",
                 "fp8 / fp4 TFLOP/s", "W", "$/h"):
         t.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name",
                      min_width=max(len(g.name) for g in items) if col == "name" else None)
