@@ -21,7 +21,8 @@ def test_every_nvidia_gpu_has_its_compute_capability_here():
     assert sorted(NVIDIA) == sorted(COMPUTE_CAPABILITY)
 
 
-def test_gpus_says_which_have_bf16_tensor_cores(cli):
+def test_gpus_says_which_have_bf16_tensor_cores(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # one table row per line, whatever the width the run inherits
     code, out, err = cli("gpus")
     assert code == 0, err
     rows = {line.split("│")[1].strip(): line.split("│")[5].strip() for line in out.splitlines() if "│" in line}
