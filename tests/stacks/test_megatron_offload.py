@@ -51,6 +51,16 @@ def test_layers_on_device_by_hand():
     assert on_device[0] == 1  # layer 0's own tensors, being made / just reloaded
 
 
+@pytest.mark.parametrize("layers", [2, 3, 7, 10, 61, 80, 126])
+def test_groups_on_device_counted_as_the_definition_walks(layers):
+    """groups_on_device counts the groups g <= j with window[g] >= j (TE's layer_window_map, cpu_offload.py:341-350)
+    by bisection: the same count as the definition's walk over every group, for every layer and offload depth."""
+    for n in range(1, layers):
+        window = window_map(layers, n)
+        for j in range(layers):
+            assert groups_on_device(layers, n, j) == sum(1 for g, w in enumerate(window) if g <= j <= w), (n, j)
+
+
 def test_offloaded_and_kept_bytes_by_hand():
     """Korthikanti's layer without the attention scores (flash): 34·h bytes per token in 16-bit with dropout = norm
     inputs 4h, linear inputs (ln_out) 4h, q k v 6h, attention output 2h, fc1 output 8h, GeLU output 8h (all marked

@@ -22,6 +22,7 @@ layer holds one offloaded layer beside the L - N kept: L - N + 1 layers' offload
 from __future__ import annotations
 
 import functools
+from bisect import bisect_left
 from dataclasses import replace
 
 from ..setup import Setup
@@ -58,8 +59,12 @@ def window_map(layers: int, offloaded: int) -> tuple[int, ...]:
 
 def groups_on_device(layers: int, offloaded: int, j: int) -> int:
     """Offload groups whose offloadable bytes are on the device during layer j's forward and its backward: g <= j
-    (made, or not yet consumed) and window[g] >= j (not yet released, or already reloaded): module docstring."""
-    return sum(1 for g, w in enumerate(window_map(layers, offloaded)) if g <= j <= w)
+    (made, or not yet consumed) and window[g] >= j (not yet released, or already reloaded): module docstring. The
+    window rises with g (each group's layer_window_map entry at least layers // offloaded past the last), so those
+    groups are the run from the first whose window reaches j to min(j, the last group): counted, not walked (a walk
+    per layer made layer_kinds quadratic)."""
+    window = window_map(layers, offloaded)
+    return max(0, min(j, len(window) - 1) - bisect_left(window, j) + 1)
 
 
 def parts(layer: MegatronLayer, router_input: float = 0.0) -> tuple[MegatronLayer, MegatronLayer]:
