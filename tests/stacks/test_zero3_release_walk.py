@@ -1,12 +1,12 @@
 """ZeRO-3's release (analytic/parallel/zero3_replay.py _Walk): the parameters a released module keeps, found by
 bisection over the trace's element prefix sums, are those DeepSpeed's own walk keeps (deepspeed 0.19.8
-runtime/zero/partitioned_param_coordinator.py:650-660, written out below as the loop it is), so the replay's peak is
-the walk's; and a model deep enough for the walk to be quadratic (the reuse distance spans it) is replayed at once."""
+runtime/zero/partitioned_param_coordinator.py:650-660, written out below as the loop it is, WalkedAhead), so the
+replay's peak is the walk's; and a model deep enough for the walk to be quadratic (the reuse distance spans it) is
+replayed at once."""
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections import defaultdict, deque
 
 import pytest
 
@@ -15,47 +15,30 @@ from trainfit.analytic.parallel import zero3_replay
 from trainfit.models.resolve import load_model
 
 
-def walked_replay(model, recompute, persistence, prefetch, max_live, reuse) -> int:
-    """zero3_replay.replay with the release as DeepSpeed walks it: each module after the released one, its
-    parameters' elements added until they reach the reuse distance, every parameter met kept."""
-    numel, order = model.numel, zero3_replay.trace(model, recompute)
-    persist = [n <= persistence for n in numel]
-    gathered = [False] * len(numel)
-    queue = deque((p, s) for s, m in enumerate(order) for p in sorted(set(m.gathers)))
-    recent = defaultdict(lambda: -10**18)
-    live = peak = 0
-    for s, m in enumerate(order):
-        own = set(m.gathers)
-        for p in own:
-            if not gathered[p] and not persist[p]:
-                gathered[p], live = True, live + numel[p]
-        unclaimed, popped = {p for p in own if recent[p] < s}, set()
-        while queue and len(popped) < len(unclaimed):
-            p, used = queue.popleft()
-            recent[p] = used
-            popped.add(p)
-        budget, taken, fetch = min(max_live - live, prefetch), 0, set()
-        while queue and taken < budget:
-            p, used = queue.popleft()
-            recent[p] = max(recent[p], used)
-            if not gathered[p] and not persist[p] and p not in fetch:
-                fetch.add(p)
-                taken += numel[p]
-        for p in fetch:
-            if not gathered[p] and not persist[p]:
-                gathered[p], live = True, live + numel[p]
-        peak = max(peak, live)
-        free, walked = {p for p in own if not persist[p] and recent[p] <= s + 1}, 0
-        for u in order[s + 1:]:
+class WalkedAhead:
+    """zero3_replay._Walk as DeepSpeed walks it: from the module after the released one, each module's parameters'
+    elements added until they reach the reuse distance, every parameter met kept."""
+
+    def __init__(self, order, numel, ahead):
+        self.order, self.numel, self.ahead = order, numel, ahead
+
+    def reused(self, p: int, s: int, reuse: int) -> bool:
+        walked = 0
+        for u in self.order[s + 1:]:
             if walked >= reuse:
-                break
-            ahead = u.subtree if m.leaf else u.direct
-            free -= set(ahead)
-            walked += sum(numel[p] for p in ahead)
-        for p in free:
-            if gathered[p]:
-                gathered[p], live = False, live - numel[p]
-    return peak
+                return False
+            params = self.ahead(u)
+            if p in params:
+                return True
+            walked += sum(self.numel[q] for q in params)
+        return False
+
+
+def walked_replay(monkeypatch, model, *knobs) -> int:
+    """zero3_replay.replay with the release walked (WalkedAhead in place of the bisection)."""
+    with monkeypatch.context() as m:
+        m.setattr(zero3_replay, "_Walk", WalkedAhead)
+        return zero3_replay.replay.__wrapped__(model, *knobs)
 
 
 @pytest.mark.parametrize("name,layers,leaf", [("tiny-llama", 6, False), ("tiny-mixtral", 4, True),
@@ -64,10 +47,10 @@ def walked_replay(model, recompute, persistence, prefetch, max_live, reuse) -> i
 @pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("knobs", [(1000, 50_000, 10**9, 10**9), (0, 200_000, 600_000, 300_000),
                                    (5_000, 10**6, 2 * 10**6, 40_000), (0, 0, 10**9, 0)])
-def test_bisection_keeps_what_the_walk_keeps(name, layers, leaf, recompute, knobs):
+def test_bisection_keeps_what_the_walk_keeps(monkeypatch, name, layers, leaf, recompute, knobs):
     spec = dataclasses.replace(load_model(name), layers=layers)
     model = zero3_replay.hf_model(spec, count_params(spec), leaf)
-    assert zero3_replay.replay(model, recompute, *knobs) == walked_replay(model, recompute, *knobs) > 0
+    assert zero3_replay.replay(model, recompute, *knobs) == walked_replay(monkeypatch, model, recompute, *knobs) > 0
 
 
 def test_a_deep_small_model_replays_in_linear_time():
