@@ -308,6 +308,12 @@ def kernels_for(gpu: GPU) -> Kernels:
     return _kernels_by_name(gpu.kernels, gpu.power_watts, gpu.tdp_watts)
 
 
+def blackwell(gpu: GPU) -> bool:
+    """Compute capability 10 or later: the GPUs kernels.toml files under the Blackwell generation (the checks the
+    stacks make on get_device_capability()[0] >= 10)."""
+    return kernels_for(gpu).generation == "blackwell"
+
+
 def _size(dtype: str) -> float:
     """Bytes per element. NB: an MX format's e8m0 scale (1 B per 32 values) is left out: under-counts by 1/32 B."""
     return _SIZE.get(dtype, 2)

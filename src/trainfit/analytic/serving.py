@@ -215,7 +215,7 @@ def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
                          f"--max-num-seqs {seqs}{default[bool(setup.max_num_seqs)]}: vLLM {version} refuses it "
                          f"('max_num_batched_tokens ({batched}) must be greater than or equal to max_num_seqs "
                          f"({seqs})'); raise --max-num-batched-tokens or lower --max-num-seqs")
-    blackwell = roofline.kernels_for(gpu).generation == "blackwell"
+    blackwell = roofline.blackwell(gpu)
     rule = facts.get("capture")
     sizes = () if setup.enforce_eager else capture_sizes(seqs, batched, blackwell, rule)
     dtype = setup.kv_dtype or _weight_dtype(setup)

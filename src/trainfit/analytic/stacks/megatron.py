@@ -122,9 +122,10 @@ class MegatronModel(StackModel):
                              f"model's {spec.layers} (transformer_config.py:1137-1142): use at most {spec.layers - 1}")
 
     def warnings(self, spec: ModelSpec, setup: Setup, gpu=None) -> list[str]:
+        from ..roofline import blackwell
         out = []
         # the check runs below compute capability 10 (arguments.py:927-928 get_device_arch_version() < 10)
-        if setup.zero >= 2 and (setup.tp > 1 or setup.cp > 1) and (gpu is None or not _blackwell(gpu)):
+        if setup.zero >= 2 and (setup.tp > 1 or setup.cp > 1) and (gpu is None or not blackwell(gpu)):
             out.append("Megatron-LM warns against Megatron-FSDP (--zero 2/3) with tensor or context parallelism on "
                        "Hopper and earlier: sequence parallelism wants CUDA_DEVICE_MAX_CONNECTIONS=1, FSDP more "
                        "(Megatron-LM core_v0.16.1 megatron/training/arguments.py:927-940); modelled as if both overlap")
@@ -135,12 +136,6 @@ class MegatronModel(StackModel):
 
     def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
         return te_recipes.notes(spec, setup)  # --low-precision: Transformer Engine's recipe
-
-
-def _blackwell(gpu) -> bool:
-    """Compute capability 10 or later: the GPUs data/kernels.toml files under the Blackwell generation."""
-    from ..roofline import kernels_for
-    return kernels_for(gpu).generation == "blackwell"
 
 
 MODEL = MegatronModel()
