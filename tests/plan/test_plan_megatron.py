@@ -66,3 +66,18 @@ def test_plans_megatron_warns_against_carry_its_warning_where_it_fires():
     text = CliRunner().invoke(app, ["plan", "llama-3.1-8b", "--stack", "megatron", "--gpus", "8", "--gpu",
                                     "H100-80GB", "--seq", "4096", "--top", "20"]).stdout
     assert "warning: Megatron-LM warns against Megatron-FSDP" in text
+
+
+def test_estimate_prints_megatron_warning_under_every_engine_choice():
+    """A MoE model under tensor parallelism without --sequence-parallel draws Megatron's own warning
+    (model_parallel_config.py:440-445): the single-engine report and --engine all's side-by-side (which prints only
+    the notes that begin "warning:") both show it, and a layout Megatron does not warn of shows none."""
+    base = ["estimate", "qwen3-30b-a3b", "--stack", "megatron", "--dp", "4", "--ep", "4", "--etp", "1", "--seq", "1024",
+            "--gpu", "H100-80GB"]
+    for engine in ("analytic", "all"):
+        warned = CliRunner().invoke(app, base + ["--tp", "2", "--engine", engine])
+        assert warned.exit_code == 0, warned.output
+        assert "warning: Megatron warns that expert and tensor parallelism need --sequence-parallel" in warned.stdout
+        quiet = CliRunner().invoke(app, base + ["--tp", "2", "--sequence-parallel", "--engine", engine])
+        assert quiet.exit_code == 0, quiet.output
+        assert "Megatron warns" not in quiet.stdout

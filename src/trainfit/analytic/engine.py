@@ -356,7 +356,8 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
     notes += compile_effects.notes(spec, setup) + float8.notes(spec, setup, gpu if mfu is None else None)
     notes += torchao_recipes.notes(spec, setup, gpu if mfu is None else None)
     stack_model = model_for(setup)
-    notes += stack_model.notes(spec, setup) + stack_model.warnings(spec, setup, gpu)
+    # the stack's warnings begin "warning:", as the estimate's others do (what --engine all's side-by-side prints)
+    notes += stack_model.notes(spec, setup) + [f"warning: {w}" for w in stack_model.warnings(spec, setup, gpu)]
     if fsdp_policy_on(setup):
         version = "FSDP1 (FlatParameter per unit)" if fsdp1.runs_fsdp1(setup) else "FSDP2"
         rd = policy_dtype(setup, "reduce_dtype")
