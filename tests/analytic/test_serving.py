@@ -241,6 +241,23 @@ def test_gpt_oss_mxfp4_experts_by_hand(name, layers, experts, card_gib):
     assert got / 2**30 == pytest.approx(card_gib, abs=0.05)
 
 
+def test_report_names_the_experts_format_loaded():
+    """The serving header and JSON name the routed experts' MXFP4 where the engine loads the checkpoint's own
+    (gpt-oss: the weights above are 4.25-bit experts, not the bf16 the policy names), under vLLM and SGLang alike;
+    not under --quant (another format asked for) nor for a model stored in bf16."""
+    from trainfit.report.terminal import setup_line
+
+    def served(name, **kw):
+        return estimate(load_model(name), Setup(mode="serve", precision="bf16", **kw), gpu=get_gpu("H100-80GB"))
+
+    for server in ("vllm", "sglang"):
+        e = served("gpt-oss-20b", server=server)
+        assert e.detail.serving.as_dict()["experts_format"] == "mxfp4"
+        assert "bf16 weights (routed experts MXFP4, as stored)" in setup_line(e)
+    for e in (served("gpt-oss-20b", quant="fp8"), served("qwen3-30b-a3b")):
+        assert e.detail.serving.experts_format is None and "MXFP4" not in setup_line(e)
+
+
 def test_gpt_oss_marlin_pads_the_experts():
     """vLLM 0.11.0 as its wheel installs runs MXFP4 experts through Marlin (no flashinfer, no triton_kernels), whose
     create_weights pads I to a multiple of 128 and H to 256 (mxfp4.py:189-204): gpt-oss-120b's experts are then

@@ -652,7 +652,9 @@ def _serving_estimate(spec, setup, pc, gpu, reserve, sv, activations, graphs, st
                  f"engine core's step {s.core_seconds * 1e3:.1f} ms (analytic/serving_time.py api_server); vLLM's "
                  "--api-server-count spreads it over processes (not modelled: one)"]
     flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))
-    detail = replace(sv.sizing(), load=load.as_dict() if load is not None else {})
+    from .serving import stored_mxfp4  # noqa: PLC0415 (see _MODE_MODULES)
+    detail = replace(sv.sizing(), load=load.as_dict() if load is not None else {},
+                     experts_format="mxfp4" if stored_mxfp4(spec, setup) else None)
     return Estimate("analytic", spec.name, pc.total, stage_params(spec, pc, setup.tp, setup.pp), setup, memory, flops,
                     timing, tuple(notes), Detail(params_active=pc.active, serving=detail))
 

@@ -276,6 +276,12 @@ def expert_matrices(spec: ModelSpec) -> float:
     return m.num_experts * (3 if spec.gated_mlp else 2) * m.expert_intermediate * spec.hidden
 
 
+def stored_mxfp4(spec: ModelSpec, setup: Setup) -> bool:
+    """Whether the engine loads the checkpoint's routed experts as their stored MXFP4 (MoESpec.experts_mxfp4:
+    gpt-oss), no --quant asking for another format (expert_weight_bytes)."""
+    return spec.moe is not None and spec.moe.experts_mxfp4 and not setup.quant
+
+
 def expert_weight_bytes(spec: ModelSpec, setup: Setup, gpu: GPU | None = None) -> float:
     """Bytes per routed-expert matrix weight: the checkpoint's MXFP4 (4.25 bits: MXFP4_BYTES) where it stores the
     experts so (MoESpec.experts_mxfp4: gpt-oss) and no --quant asks for another format — vLLM loads it as stored
@@ -286,7 +292,7 @@ def expert_weight_bytes(spec: ModelSpec, setup: Setup, gpu: GPU | None = None) -
     path, none at gpt-oss's 2880 with TP 1; 256 on Blackwell's FlashInfer and on ROCm), the Triton path's fp32 copies
     of the expert biases and its swizzled scales kept beside the originals (0.11.0 process_weights_after_loading
     :578-617 frees only the weights) are not counted, nor Marlin's padding of the bf16 biases (a few MiB): under."""
-    if spec.moe is not None and spec.moe.experts_mxfp4 and not setup.quant:
+    if stored_mxfp4(spec, setup):
         if mxfp4_backend(setup, gpu) == "triton":  # the scales twice: as loaded and swizzled (mxfp4_triton_scales)
             return (0.5 + MXFP4_TRITON_SCALE_COPIES / MXFP4_BLOCK) * mxfp4_padding(spec, setup, gpu)
         return MXFP4_BYTES * mxfp4_padding(spec, setup, gpu)
@@ -327,8 +333,7 @@ def mxfp4_bias_upcast(spec: ModelSpec, setup: Setup, gpu: GPU | None = None) -> 
     quantization/mxfp4.py:749-753, 0.19.0 fused_moe/oracle/mxfp4.py:724-726 `w13_bias.to(torch.float32)`, replacing
     the bf16 parameters): + 2 bytes per bias, w13's 2 I_pad/tp and w2's H per expert of every MoE layer of the stage;
     0 on other backends."""
-    if spec.moe is None or not spec.moe.experts_mxfp4 or not spec.moe.expert_bias or setup.quant or \
-            mxfp4_backend(setup, gpu) != "triton":
+    if not stored_mxfp4(spec, setup) or not spec.moe.expert_bias or mxfp4_backend(setup, gpu) != "triton":
         return 0.0
     m, pc = spec.moe, count_params(spec)
     i_pad = m.expert_intermediate / setup.tp * mxfp4_padding(spec, setup, gpu)

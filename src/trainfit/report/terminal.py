@@ -47,7 +47,8 @@ def setup_line(e: Estimate) -> str:
     sv = e.detail.serving
     if s.mode == "serve" and sv is not None:
         quant = f" · --quant {s.quant}" if s.quant else ""
-        return (f"serving · {sv.server} {sv.version} · {s.precision} weights{quant} · {sv.kv_cache_dtype} KV · "
+        experts = f" (routed experts {sv.experts_format.upper()}, as stored)" if sv.experts_format else ""
+        return (f"serving · {sv.server} {sv.version} · {s.precision} weights{experts}{quant} · {sv.kv_cache_dtype} KV · "
                 f"tp={s.tp} pp={s.pp} · max-model-len {sv.max_model_len:,} · " +
                 (f"mem-fraction-static {sv.knobs['mem_fraction_static']}" if sv.server == "sglang" else
                  f"utilization {sv.knobs['gpu_memory_utilization']}"))
