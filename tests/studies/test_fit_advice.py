@@ -8,6 +8,7 @@ import pytest
 
 from trainfit import api
 from trainfit.cli.app import main
+from trainfit.engines import analytic
 from trainfit.setup import Request
 from trainfit.studies.fit_advice import fastest_that_fit, suggestions
 
@@ -65,8 +66,6 @@ def test_suggestions_fit_and_are_fastest_first():
     for x in xs:
         assert x.required <= x.capacity
         on = api.load_gpu(x.flags.split("--gpu ")[1]) if "--gpu " in x.flags else gpu
-        from trainfit.engines import analytic
-
         assert analytic(spec, x.setup, on).time.fits
 
 
@@ -237,3 +236,40 @@ def test_a_combination_is_shown_only_when_more_than_1_percent_faster_than_a_fitt
                     s = e["setup"]
                     part_per_gpu = e["time"]["tokens_per_second"] / (s["dp"] * s["tp"] * s["pp"] * s["cp"])
                     assert 0.99 * row["tokens_per_second"] / row["gpus"] > part_per_gpu, (row["flags"], part)
+
+
+def test_lora_under_zero3_is_found_when_nothing_fits_the_gpus_unsharded(capsys):
+    """llama-3.1-70b at seq 8,192 on the 8 H100s given (--dp 8): full fine-tuning's states are 16 B × 70.6 G / 8 =
+    141 GB per GPU under ZeRO-3 (too much), LoRA's bf16 base unsharded is 141 GB (too much), and QLoRA's fp32
+    attention takes the math path under GQA (activations.resolved_kernel: its 64 heads × 8,192² fp32 scores are 17 GB
+    a layer): the answer is LoRA with its base sharded by ZeRO-3 (141 / 8 = 17.6 GB of weights), which `fit` once
+    missed (it tried ZeRO alone, "nothing fits"). Each row keeps the 8 GPUs given and its printed estimate fits."""
+    code, out, err = _run(capsys, "fit", "llama-3.1-70b", "--gpu", "H100-80GB", "--seq", "8192", "--dp", "8", "--json")
+    assert code == 0, err
+    rows = json.loads(out)["fits"]
+    assert any("--zero 3" in r["flags"] and "--lora-rank" in r["flags"] for r in rows), rows
+    for r in rows:
+        assert r["gpus"] == 8, r
+        code, est, err = _run(capsys, *r["command"].split()[1:], "--json")
+        assert code == 0 and json.loads(est)["time"]["fits"], err
+
+
+def test_knob_bundles_add_gpus_only_where_nothing_fits_the_gpus_given():
+    """An 8B model on one 24 GB card fits under single-GPU changes (LoRA, QLoRA), so sharding over more GPUs is
+    offered alone (--dp N --zero 3), never bundled with a memory knob; 70B at seq 8,192 on one H100 fits under no
+    single-GPU change, so the bundles with more GPUs are searched, the fewest ranks for each."""
+    spec8 = api.load_spec("llama-3.1-8b")
+    req = Request(model="llama-3.1-8b", gpu="RTX-4090", seq=2048)
+    found = suggestions(spec8, req.setup(spec8), api.gpu_of(req), shown=100)
+    assert any(x.gpus == 1 for x in found)
+    assert all(x.flags.startswith("--dp") is False or x.flags.split()[2:] == ["--zero", "3"]
+               for x in found if x.gpus > 1 and x.setup.tp == 1 and x.setup.ulysses == 1), [x.flags for x in found]
+    spec70 = api.load_spec("llama-3.1-70b")
+    req = Request(model="llama-3.1-70b", gpu="H100-80GB", seq=8192)
+    found = suggestions(spec70, req.setup(spec70), api.gpu_of(req), shown=100)
+    assert found and all(x.gpus > 1 for x in found)
+    lora = [x for x in found if x.setup.lora_rank and x.setup.zero == 3]
+    assert lora, [x.flags for x in found]
+    for x in lora:  # the fewest ranks: half of them does not fit
+        half = analytic(spec70, x.setup.with_(dp=x.setup.dp // 2), api.gpu_of(req))
+        assert not half.time.fits, x.flags

@@ -8,7 +8,9 @@ page. Every suggestion is checked with the analytic engine on the device total (
   three — one per group — since a fine-tuning setup that fits a 24 GB card usually needs several at once;
 - single changes searched for their smallest value (searches monotone in the knob: the peak grows with batch and
   sequence, falls with ZeRO-3 ranks and tensor parallelism): data parallelism with ZeRO-3, tensor parallelism, a
-  shorter sequence, a larger GPU.
+  shorter sequence, a larger GPU; the states sharded (ZeRO on the ranks given, else the fewest ranks with ZeRO-3)
+  beside up to two memory knobs too (LoRA under FSDP / ZeRO-3), adding GPUs that way only where no change fits the
+  GPUs given.
 Ranked by slowdown: the time per token per GPU against the original setup's (timed although it does not fit),
 so more GPUs cost what they add. A combination is dropped when a subset of its knobs already fits at no greater
 slowdown. Knobs that change what is trained (LoRA, QLoRA, a shorter sequence) say so.
@@ -34,6 +36,8 @@ from ..spec import ModelSpec
 from ..units import fmt_bytes, fmt_count
 
 MAX_DP = 1024
+DP_CHOICES = tuple(2 ** k for k in range(1, MAX_DP.bit_length()))  # the data-parallel ranks tried with ZeRO-3: 2 … 1024
+SHARD = "shard"  # the sharding's mark among a suggestion's knobs (_ranked)
 MAX_KNOBS = 3  # combinations of up to this many memory knobs
 SHOWN = 6  # suggestions kept, fastest first
 
@@ -213,6 +217,28 @@ def judged_bytes(e: Estimate) -> tuple[int, int]:
     return e.memory.device_total, e.memory.device_total + e.time.headroom
 
 
+def _combinations(ks: list[Knob], most: int) -> list[tuple[Knob, ...]]:
+    """The combinations of 1 to `most` knobs, one per group."""
+    return [c for n in range(1, most + 1) for c in combinations(ks, n) if len({k.group for k in c}) == n]
+
+
+def _merged(combo: tuple[Knob, ...]) -> dict:
+    changes: dict = {}
+    for k in combo:
+        changes.update(k.changes)
+    return changes
+
+
+def _least(values: tuple[int, ...], ok) -> int | None:
+    """The least of ascending `values` with ok(v), for ok monotone (false, then true: the states per rank fall as
+    ZeRO-3 ranks are added); None if none. Bisection: log2 of the values' count engine calls, not one per value."""
+    lo, hi = 0, len(values)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(values[mid]) else (mid + 1, hi)
+    return values[lo] if lo < len(values) else None
+
+
 def _largest(lo: int, hi: int, ok) -> int:
     """Largest v in [lo, hi] with ok(v), for ok monotone decreasing; lo - 1 if none."""
     if not ok(lo):
@@ -239,26 +265,31 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
 
     if s.mode in ("train", "rl"):  # (an RL step trains: its memory knobs, those --mode rl takes: Setup.with_)
         ks = knobs(s, spec)
-        for n in range(1, MAX_KNOBS + 1):
-            for combo in combinations(ks, n):
-                if len({k.group for k in combo}) < n:
-                    continue
-                changes: dict = {}
-                for k in combo:
-                    changes.update(k.changes)
-                add(j.suggest(" ".join(k.flags for k in combo), "; ".join(k.why for k in combo),
-                              knobs=frozenset(k.flags for k in combo), **changes))
-        if s.dp > 1:
-            z = next((z for z in range(s.zero + 1, 4) if j.fits(zero=z)), None)
-            if z is not None:
-                add(j.suggest(f"--zero {z}", "shards more of the states over the data-parallel ranks", zero=z))
-        else:  # shard over more GPUs: the fewest data-parallel ranks with ZeRO-3 (FSDP), with recompute if need be
-            for extra, flags in (({}, ""), (dict(recompute="full"), " --recompute full")):
-                d = next((d for d in (2 ** k for k in range(1, MAX_DP.bit_length()))
-                          if j.fits(dp=d, zero=3, **extra)), None)
+        for combo in _combinations(ks, MAX_KNOBS):
+            add(j.suggest(" ".join(k.flags for k in combo), "; ".join(k.why for k in combo),
+                          knobs=frozenset(k.flags for k in combo), **_merged(combo)))
+        # the states sharded over data-parallel ranks, alone or beside up to MAX_KNOBS - 1 memory knobs (LoRA or
+        # QLoRA under FSDP / ZeRO-3, with recompute: how a model too large for its GPUs is fine-tuned), each bundle
+        # at the least sharding that fits it: more ZeRO on the ranks given, else the fewest ranks with ZeRO-3 (FSDP).
+        # Bundles that add GPUs only where no change fits the GPUs given (the question is those GPUs; sharding alone
+        # is always shown), and none that fits unsharded; the sharding is one knob (SHARD) to _ranked, so a bundle is
+        # kept beside a fitting subset of it only where faster
+        given = s.dp > 1 or not any(x.gpus == s.world_size for x in found)
+        for combo in [(), *(_combinations(ks, MAX_KNOBS - 1) if given else ())]:
+            changes, flags = _merged(combo), "".join(" " + k.flags for k in combo)
+            if combo and j.fits(**changes):
+                continue
+            why, marks = "".join("; " + k.why for k in combo), frozenset({SHARD, *(k.flags for k in combo)})
+            if s.dp > 1:
+                z = next((z for z in range(s.zero + 1, 4) if j.fits(zero=z, **changes)), None)
+                if z is not None:
+                    add(j.suggest(f"--zero {z}{flags}", f"shards more of the states over the data-parallel ranks{why}",
+                                  knobs=marks, **changes, zero=z))
+            else:
+                d = _least(DP_CHOICES, lambda d: j.fits(dp=d, zero=3, **changes))
                 if d is not None:
-                    add(j.suggest(f"--dp {d} --zero 3{flags}", f"{d} GPUs, FSDP", dp=d, zero=3, **extra))
-                    break
+                    add(j.suggest(f"--dp {d} --zero 3{flags}", f"{d} GPUs, FSDP{why}", knobs=marks, **changes,
+                                  dp=d, zero=3))
         # the sequence over more GPUs (DeepSpeed-Ulysses), ZeRO-3 over all of them: the fewest that fit
         # (alone, then with Liger's loss where it is a knob here: at long context the logits dominate, ALST §3)
         liger = [({"liger": True}, " --liger", "; Liger's kernels")] if any(k.flags == "--liger" for k in ks) else []
