@@ -29,6 +29,14 @@ def fmt_count(n: float, suffix: str = "") -> str:
     return f"{n:.0f} {suffix}".rstrip()
 
 
+def fmt_energy(kwh: float) -> str:
+    """Energy in the unit that keeps its digits: Wh, kWh, MWh or GWh (a short run's 0.75 kWh is not "0.0 MWh")."""
+    for unit, size in (("GWh", 1e6), ("MWh", 1e3), ("kWh", 1.0)):
+        if abs(kwh) >= size:
+            return f"{kwh / size:,.1f} {unit}"
+    return f"{kwh * 1e3:,.0f} Wh"
+
+
 def fmt_seconds(s: float) -> str:
     if s < 1e-3:
         return f"{s * 1e6:.1f} µs"

@@ -21,7 +21,17 @@ def test_cli_shows_each_term_and_the_budget_line(cli, monkeypatch):
         assert st[term] > 0
         share = f"({st[term] / st['step_seconds']:.1%})"
         assert re.search(rf"{term.replace('_', ' ')}\s.*{re.escape(share)}", out), term
-    assert "GPU-h" in out and "kWh at" in out and "W per GPU" in out
+    assert "GPU-h" in out and "W per GPU" in out
+    # the energy in the unit that keeps its digits: 1T tokens of an 8B model on 32 H100s is tens of MWh
+    kwh = json.loads(js)["time"]["energy_kwh"]
+    assert 1e3 <= kwh < 1e6 and f"{kwh / 1e3:,.1f} MWh at" in out, kwh
+
+
+def test_energy_is_printed_in_the_unit_that_keeps_its_digits():
+    """A short run's 0.76 kWh once printed "0.0 MWh" in the plan's budget table."""
+    from trainfit.units import fmt_energy
+
+    assert [fmt_energy(x) for x in (0.7583, 37.26, 37_260.0, 2.5e6)] == ["758 Wh", "37.3 kWh", "37.3 MWh", "2.5 GWh"]
 
 
 def test_cli_times_a_layout_that_does_not_fit(cli):

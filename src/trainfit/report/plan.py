@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 from .json_out import dumps  # noqa: F401  (re-exported for the command)
 from ..analytic.terms import time_terms
-from ..units import fmt_bytes, fmt_count, fmt_seconds
+from ..units import fmt_bytes, fmt_count, fmt_energy, fmt_seconds
 from ..plan import knobs
 from ..plan.search import DEFAULT_STACKS, Candidate, PlanResult, timed_settings
 from ..plan.space import SEARCHED, TIMED
@@ -136,7 +136,7 @@ def render(r: PlanResult, echo=print) -> None:
         for i, c in enumerate(r.candidates, 1):
             b = c.budget
             bt.add_row(str(i), fmt_seconds(b["train_seconds"]), fmt_count(b["gpu_hours"]), f"${b['cost_usd']:,.0f}",
-                       f"{b['energy_kwh'] / 1000:,.1f} MWh", f"{b.get('average_power_watts', 0):,.0f}")
+                       fmt_energy(b['energy_kwh']), f"{b.get('average_power_watts', 0):,.0f}")
         con.print(bt)
     for i, c in enumerate(r.candidates, 1):
         if getattr(c, "verify", None):

@@ -9,7 +9,7 @@ from .console import console as stdout_console
 from ..analytic import serving
 from ..analytic.terms import time_terms
 from ..estimate import Estimate
-from ..units import fmt_bytes, fmt_count, fmt_seconds
+from ..units import fmt_bytes, fmt_count, fmt_energy, fmt_seconds
 from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, fit_numbers, verdict_word
 
 # what the FLOPs row says where an engine counted none (not_counted)
@@ -153,7 +153,7 @@ def verdict(e: Estimate, numbers: bool = True) -> tuple[str, str] | None:
 
 def budget_line(tm) -> str:
     power = f" at {tm.average_power_watts:,.0f} W per GPU" if tm.average_power_watts else ""
-    return f"{tm.gpu_hours:,.0f} GPU-h · ${tm.cost_usd:,.0f} · {tm.energy_kwh:,.0f} kWh{power}"
+    return f"{tm.gpu_hours:,.0f} GPU-h · ${tm.cost_usd:,.0f} · {fmt_energy(tm.energy_kwh)}{power}"
 
 
 def budget_rows(tm) -> list[tuple[str, str]]:
