@@ -81,3 +81,15 @@ def test_estimate_prints_megatron_warning_under_every_engine_choice():
         quiet = CliRunner().invoke(app, base + ["--tp", "2", "--sequence-parallel", "--engine", engine])
         assert quiet.exit_code == 0, quiet.output
         assert "Megatron warns" not in quiet.stdout
+
+
+def test_emitted_plan_carries_its_warning_on_stderr():
+    """--emit megatron prints the config alone on stdout and the plan's own warnings on stderr: the fastest plan of
+    llama-3.1-8b on 8 H100s is Megatron-FSDP beside TP, which Megatron-LM warns against below compute capability 10
+    (arguments.py:927-940); its JSON plan carries the same warning."""
+    argv = ["plan", "llama-3.1-8b", "--stack", "megatron", "--gpus", "8", "--gpu", "H100-80GB", "--seq", "2048"]
+    r = CliRunner().invoke(app, argv + ["--emit", "megatron"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("torchrun ") and "warning" not in r.stdout
+    best = json.loads(CliRunner().invoke(app, argv + ["--json"]).stdout)["candidates"][0]
+    assert best["warnings"] and all(f"warning: {w}" in r.stderr for w in best["warnings"])

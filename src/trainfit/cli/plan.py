@@ -265,15 +265,17 @@ def _emit(engine, spec, g, q, result, budget_tokens, verify: bool = False) -> No
                                  f"{engine} runs none of them)"), err=True)
     for note in (*result.notes, *caveats(engine, s)):  # (the plans' caveats, as the table prints them; the config's)
         typer.echo(f"· {note}", err=True)
+    for w in pick.warnings:  # what the stack's own code warns of for the plan emitted (the table prints them too)
+        typer.echo(f"warning: {w}", err=True)
     typer.echo(write(engine, s, spec, g.gpus_per_node, budget_tokens), nl=False)
 
 
 def _budget_words(b: dict) -> str:
     """A --tokens budget's time, GPU-hours, cost and energy in words (analytic/timing.py budget's keys)."""
-    from ..units import fmt_count, fmt_seconds
+    from ..units import fmt_count, fmt_energy, fmt_seconds
 
     return (f"{fmt_count(b['train_tokens'])} tokens in {fmt_seconds(b['train_seconds'])}, {b['gpu_hours']:,.0f} "
-            f"GPU-h, ${b['cost_usd']:,.0f}, {b['energy_kwh']:,.0f} kWh")
+            f"GPU-h, ${b['cost_usd']:,.0f}, {fmt_energy(b['energy_kwh'])}")
 
 
 def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache_dtype, precision, tp, top, emit,
