@@ -66,7 +66,7 @@ from .optimizer import PAGED, optimizer_temporaries, state_bytes_unsharded
 from .params import ParamCounts, relative_bias_params
 from .parallel.zero import model_states, params_at_rest
 from .backward import Moment
-from .phases import LayerKind, Pattern, StepBytes, peak
+from .phases import LayerKind, Pattern, StepBytes, peak, whole
 from .precision import StateBytes, state_bytes
 from .recompute import CPU_RNG_STATE
 
@@ -542,8 +542,9 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
     detail = {"stage": 0, "layers_on_rank": len(pattern), "in_flight_microbatches": 1,
               "activation_per_layer": int(step.layers_saved / len(pattern)), "logits_buffers": int(logits),
               "optimizer_temporaries": int(step.optimizer_transient)}
-    return TrainMemory(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(step.activations),
-                       int(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(params_at_rest(n, setup)))
+    return TrainMemory(whole(ms.weights), whole(ms.gradients), whole(ms.master), whole(ms.optimizer),
+                       whole(step.activations), whole(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail,
+                       round(params_at_rest(n, setup)))
 
 
 def step_flops(spec: ModelSpec, setup: Setup):

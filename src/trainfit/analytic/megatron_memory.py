@@ -32,7 +32,7 @@ from .moe_imbalance import busiest_rank_load, least_load
 from .parallel.megatron import (bytes_per_param, grad_copy_bytes, largest_param, megatron_model_states,
                                 megatron_tensors, rank_params, shards)
 from .parallel.pipeline import Stage
-from .phases import LayerKind, Pattern, StepBytes, peak
+from .phases import LayerKind, Pattern, StepBytes, peak, whole
 from .precision import state_bytes
 
 
@@ -201,8 +201,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
               "offloaded_copied_per_layer": int(copied)}
     # the offloaded layers' pinned host copies, all of them at the forward's end (cpu_offload.py:243-257)
     host = n_off * copied * stage.in_flight
-    return result_type(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(step.activations),
-                       int(comm), p.phases, p.peak, p.phase, p.at_peak, detail, owned,
+    return result_type(whole(ms.weights), whole(ms.gradients), whole(ms.master), whole(ms.optimizer),
+                       whole(step.activations), whole(comm), p.phases, p.peak, p.phase, p.at_peak, detail, owned,
                        host_memory=int(host) if n_off else None,
                        offloaded_activations=int(n_off * copied) if n_off else None)
 

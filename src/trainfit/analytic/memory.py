@@ -33,7 +33,7 @@ from .parallel.tensor import rank_params, term_divisors
 from .parallel.zero import (gathered_params, model_states, params_at_rest, reduce_scatter_transient, shard,
                             unsharded_at, unsharded_bytes)
 from .params import ParamCounts, count_params
-from .phases import LayerKind, Pattern, StepBytes, peak
+from .phases import LayerKind, Pattern, StepBytes, peak, whole
 from .stacks import model_for
 from .precision import StateBytes, state_bytes
 from .recompute import LayerMemory, checkpoint_held_masks, layer_memory, layer_params
@@ -405,6 +405,6 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         host = (host or 0) + acts_host
     if setup.lora_rank:  # the adapters are the rank's too, sharded as the base is (lora_states)
         owned += params_at_rest(n, setup)
-    return TrainMemory(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(activations),
-                       int(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(owned), host,
-                       int(paged) if paged else None, acts_host)
+    return TrainMemory(whole(ms.weights), whole(ms.gradients), whole(ms.master), whole(ms.optimizer),
+                       whole(activations), whole(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(owned),
+                       host, int(paged) if paged else None, acts_host)

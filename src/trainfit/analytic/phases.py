@@ -14,6 +14,7 @@ from the start (earlier micro-batches').
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -162,7 +163,6 @@ class Peak:
 
 
 def peak(b: StepBytes) -> Peak:
-    states = sum(b.resident.values())
     before = b.gradients if b.accumulating else 0
     in_bwd = b.in_backward_step is not None
 
@@ -219,16 +219,27 @@ def peak(b: StepBytes) -> Peak:
         ("optimizer_step", 0 if in_bwd else b.gradients if b.step_gradients is None else b.step_gradients,
          b.step_inputs, 0 if in_bwd else b.optimizer_transient),
     ]
-    totals = {name: states + g + act + tmp for name, g, act, tmp in moments}
-    phases = {"forward_end": int(max(v for k, v in totals.items() if k.startswith("forward_end")
-                                     or k.endswith("_forward"))),
-              "backward": int(max(v for k, v in totals.items() if k.endswith("backward"))),
-              "optimizer_step": int(totals["optimizer_step"])}
+    # each moment's categories in whole bytes, its total their sum: the peak and its breakdown are one computation
+    resident = {k: whole(v) for k, v in b.resident.items()}
+    parts = {name: {**resident, "gradients": whole(g), "activations": whole(act), "temporaries": whole(tmp)}
+             for name, g, act, tmp in moments}
+    totals = {name: sum(at.values()) for name, at in parts.items()}
+    phases = {"forward_end": max(v for k, v in totals.items() if k.startswith("forward_end") or k.endswith("_forward")),
+              "backward": max(v for k, v in totals.items() if k.endswith("backward")),
+              "optimizer_step": totals["optimizer_step"]}
     phase = max(phases, key=phases.get)
-    name, g, act, tmp = max(moments, key=lambda m: totals[m[0]])
-    at = {**b.resident, "gradients": g, "activations": act, "temporaries": tmp}
-    return Peak(phases, phase, phases[phase], {k: int(v) for k, v in at.items()},
-                {k: int(v) for k, v in totals.items()})
+    name = max(totals, key=totals.get)
+    return Peak(phases, phase, phases[phase], parts[name], totals)
+
+
+def whole(x: float) -> int:
+    """Bytes as a whole number: the nearest, a half up. The terms are real-valued: a layer's bytes averaged over
+    layers of different kinds (recompute.layer_params: DeepSeek's dense and MoE layers), a rank's 1/dp share.
+    NB: the engines pad a share up to whole elements (deepspeed 0.19.8: ZeRO-3 pads each parameter to a multiple
+    of dp, a partition of ceil(numel / dp) elements, runtime/zero/partition_parameters.py:1693-1696 _padding_size,
+    :1816-1817 _partition_param; ZeRO-1/2 pad the flat group to a multiple of 2·dp, stage_1_and_2.py:441, :505-516,
+    :585), which the n/dp shares here do not: under by less than one element a parameter."""
+    return math.floor(x + 0.5)
 
 
 def _layer_points(b: StepBytes):
