@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -37,6 +38,12 @@ FIELDS = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--num-a
           "--moe-flex-dispatcher-backend": "moe_flex_dispatcher_backend",
           "--overlap-moe-expert-parallel-comm": "overlap_moe_expert_parallel_comm",
           "--moe-router-num-groups": "moe_router_num_groups", "--moe-router-group-topk": "moe_router_group_topk",
+          "--moe-router-score-function": "moe_router_score_function",
+          "--moe-router-enable-expert-bias": "moe_router_enable_expert_bias",
+          "--moe-shared-expert-gate": "moe_shared_expert_gate",
+          # the load-balancing loss (arguments.py:2705-2710: --moe-aux-loss-coeff type=float)
+          "--moe-router-load-balancing-type": "moe_router_load_balancing_type",
+          "--moe-aux-loss-coeff": "moe_aux_loss_coeff",
           "--cuda-graph-impl": "cuda_graph_impl", "--cuda-graph-scope": "cuda_graph_scope",
           "--cpu-offloading-num-layers": "cpu_offloading_num_layers",
           # ModelParallelConfig's fused cross-entropy (model_parallel_config.py:241-249)
@@ -75,6 +82,8 @@ def _configs(a: dict):
         if flag in a:
             v = a[flag]
             kw[field] = v if v is True or isinstance(v, list) else (int(v) if v.isdigit() else v)
+    if "moe_aux_loss_coeff" in kw:  # (Megatron-LM's parser: floats, one value a scalar, arguments.py:1031-1034)
+        kw["moe_aux_loss_coeff"] = float(kw["moe_aux_loss_coeff"])
     if isinstance(kw.get("recompute_modules"), str):  # one module: still a list (transformer_config.py:411)
         kw["recompute_modules"] = [kw["recompute_modules"]]
     kw["params_dtype"] = torch.bfloat16 if a.get("--bf16") else (torch.float16 if a.get("--fp16") else torch.float32)
@@ -396,3 +405,52 @@ def test_moe_command_runs_the_fused_router_and_permutation_it_was_timed_with(tmp
     sh.write_text(text.replace(" \\\n    --moe-router-fusion", "").replace(" \\\n    --moe-permute-fusion", ""))
     r = read(sh)
     assert sum(n.startswith("--moe-") and "more time: the unfused" in n for n in r.not_modelled) == 2, r.not_modelled
+
+
+def test_moe_command_runs_the_load_balancing_loss_it_was_timed_with(monkeypatch, tmp_path):
+    """The megatron stack times the router's load-balancing loss (stacks/megatron.toml [moe] aux_loss, ops/
+    megatron_moe.py router_ops), but megatron-core 0.16.1's default coefficient is 0.0 (transformer_config.py:659),
+    under which TopKRouter runs none of its kernels (router.py:253-273, :598): the emitted command trained without it.
+    Now it writes the type and coefficient of the same table, per router, and Megatron's own TopKRouter, built from
+    the emitted flags, runs the loss with that coefficient: the switch loss for Qwen3, the per-sequence loss for
+    DeepSeek's gates, at the smaller coefficient beside DeepSeek-V3's expert bias."""
+    import torch
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    from trainfit.readers import read
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")  # (the expert bias's buffers: router.py:163-180)
+    groups = SimpleNamespace(tp=None, cp=None, tp_cp=None, tp_dp_cp=None)
+    s = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, seq=4096, zero=1)
+    moe = s.stack_facts.facts["moe"]
+    assert moe["aux_loss"]  # (what Shape.moe_aux_loss reads: ops/shape.py)
+    for name, kind, coeff in (("qwen3-30b-a3b", "aux_loss", moe["aux_loss_coeff"]),
+                              ("mixtral-8x7b", "aux_loss", moe["aux_loss_coeff"]),
+                              ("deepseek-v2-lite", "seq_aux_loss", moe["aux_loss_coeff"]),
+                              ("deepseek-v3", "seq_aux_loss", moe["expert_bias_aux_loss_coeff"])):
+        text = emit("megatron", s, load_model(name), 8)
+        tc, _, _ = _configs(_parse(text))
+        router = TopKRouter(tc, groups)
+        assert router.is_aux_loss_enabled() and router.get_aux_loss_coeff(kind) == coeff > 0, name
+        assert (router.expert_bias is not None) == (name == "deepseek-v3")
+        sh = tmp_path / "run.sh"
+        sh.write_text(text)
+        assert not [n for n in read(sh).not_modelled if "load-balancing" in n or "aux-loss" in n], name
+    # Megatron's defaults, the command as it was: no loss, which check lists as less time than estimated
+    bare = {k: v for k, v in _parse(text).items() if k not in ("--moe-router-load-balancing-type",
+                                                                 "--moe-aux-loss-coeff")}
+    assert not TopKRouter(_configs(bare)[0], groups).is_aux_loss_enabled()
+    sh.write_text(text.replace(" \\\n    --moe-router-load-balancing-type seq_aux_loss", "")
+                  .replace(" \\\n    --moe-aux-loss-coeff 0.0001", ""))
+    assert [n for n in read(sh).not_modelled if n.startswith("--moe-aux-loss-coeff = '0'")], read(sh).not_modelled
+
+
+def test_shared_expert_gate_is_built_as_timed():
+    """Qwen1.5-MoE's shared expert has a sigmoid gate, which the megatron stack times (ops/megatron_moe.py
+    shared_expert_gate); megatron-core builds it only with moe_shared_expert_gate (transformer_config.py:546,
+    shared_experts.py:128-131), off by default: the emitted command now says it, and only for a gated model."""
+    s = Setup(stack="megatron", precision="bf16-master", dp=8, ep=4, seq=4096, zero=1)
+    tc, _, _ = _configs(_parse(emit("megatron", s, load_model("qwen1.5-moe-a2.7b"), 8)))
+    assert tc.moe_shared_expert_gate and tc.moe_shared_expert_intermediate_size
+    tc, _, _ = _configs(_parse(emit("megatron", s, load_model("deepseek-v2-lite"), 8)))
+    assert not tc.moe_shared_expert_gate and tc.moe_shared_expert_intermediate_size

@@ -74,6 +74,26 @@ def _moe_dispatcher(s: Setup) -> list[str]:
     return out + (["--overlap-moe-expert-parallel-comm"] if s.overlap_moe_comm else [])
 
 
+def _load_balancing(s: Setup, spec: ModelSpec) -> list[str]:
+    """The router's load-balancing loss, where the step is timed with it (stacks/megatron.toml [moe] aux_loss): its
+    type and coefficient from the same table. Megatron-LM's default coefficient is 0.0 (megatron-core 0.16.1
+    transformer_config.py:659), under which TopKRouter runs none of the loss's kernels (router.py:253-273, :598);
+    flags: Megatron-LM core_v0.16.1 arguments.py:2705-2710."""
+    moe = s.stack_facts.facts.get("moe", {})
+    if not moe.get("aux_loss"):
+        return []
+    kind = "seq_aux_loss" if spec.family in moe["seq_aux_loss_families"] else "aux_loss"
+    coeff = moe["expert_bias_aux_loss_coeff"] if _expert_bias(spec) else moe["aux_loss_coeff"]
+    return ["--moe-router-load-balancing-type", kind, "--moe-aux-loss-coeff", f"{coeff:g}"]
+
+
+def _expert_bias(spec: ModelSpec) -> bool:
+    """DeepSeek-V3's router: sigmoid scores with the e_score_correction_bias, which balances the load (TransformerConfig
+    moe_router_score_function, moe_router_enable_expert_bias: transformer_config.py:626, :634, the bias with sigmoid
+    only, :1593; Megatron's default is a softmax router without the bias)."""
+    return spec.moe.router_scoring == "sigmoid"
+
+
 def _low_precision(s: Setup) -> list[str]:
     """Transformer Engine's recipe (Megatron-LM core_v0.16.1 arguments.py:1621 builds --fp8-format, --fp8-recipe,
     --fp4-format, --fp4-recipe, --fp4-param-gather, --first-last-layers-bf16, --num-layers-at-start/end-in-bf16 from
@@ -216,15 +236,17 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
                 "--expert-model-parallel-size", str(s.ep)]
         if spec.moe.shared_intermediate:
             out += ["--moe-shared-expert-intermediate-size", str(spec.moe.shared_intermediate)]
+        if spec.moe.shared_gate:  # Qwen-MoE's sigmoid gate on the shared expert, as timed (ops/megatron_moe.py):
+            # TransformerConfig.moe_shared_expert_gate (transformer_config.py:546; shared_experts.py:128-131)
+            out += ["--moe-shared-expert-gate"]
         if s.etp is not None:
             out += ["--expert-tensor-parallel-size", str(s.etp)]
         if spec.moe.route_groups:  # group-limited routing (transformer_config.py:598-614)
             out += ["--moe-router-num-groups", str(spec.moe.route_groups),
                     "--moe-router-group-topk", str(spec.moe.route_group_topk)]
-        if spec.moe.router_scoring == "sigmoid":  # DeepSeek-V3's router: sigmoid scores, e_score_correction_bias
-            # (TransformerConfig moe_router_score_function, moe_router_enable_expert_bias: transformer_config.py:626,
-            # :634, the bias with sigmoid only, :1593; Megatron's default is a softmax router without the bias)
+        if _expert_bias(spec):
             out += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
+        out += _load_balancing(s, spec)
         if spec.moe.routed_scaling != 1.0:  # moe_router_topk_scaling_factor (transformer_config.py:622; None: 1)
             out += ["--moe-router-topk-scaling-factor", f"{spec.moe.routed_scaling:g}"]
         out += _moe_dispatcher(s)

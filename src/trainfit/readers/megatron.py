@@ -49,8 +49,6 @@ EFFECT = {"manual-gc": "less time: no garbage-collection pauses mid-step",
           "use-flash-attn": "trainfit models Megatron's fused attention already",
           "attention-backend": "time and memory of the attention kernel",
           "transformer-impl": "trainfit models the transformer_engine layers",
-          "moe-aux-loss-coeff": "no effect on memory; a little time",
-          "moe-router-load-balancing-type": "time: the routing balance",
           "calculate-per-token-loss": "no effect on memory",
           "rotary-base": "no effect on memory or time", "norm-epsilon": "no effect on memory or time",
           "use-rope-scaling": "no effect on memory or time", "rope-scaling-factor": "no effect on memory or time",
@@ -65,7 +63,8 @@ EFFECT = {"manual-gc": "less time: no garbage-collection pauses mid-step",
 MODEL_FLAGS = ("normalization", "position-embedding-type", "qk-layernorm", "add-qkv-bias", "moe-layer-freq",
                "multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
                "v-head-dim", "rope-type", "rotary-scaling-factor", "mscale", "mscale-all-dim",
-               "moe-router-score-function", "moe-router-enable-expert-bias", "moe-router-topk-scaling-factor")
+               "moe-router-score-function", "moe-router-enable-expert-bias", "moe-router-topk-scaling-factor",
+               "moe-shared-expert-gate")
 # --use-precision-aware-optimizer's dtype flags and the values Megatron-LM takes (core_v0.16.1 arguments.py:2844-2857)
 PRECISION_AWARE_DTYPES = {"main-grads-dtype": ("fp32", "bf16"), "main-params-dtype": ("fp32", "fp16"),
                           "exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"),
@@ -89,6 +88,11 @@ def parser() -> argparse.ArgumentParser:
     # TransformerConfig.moe_expert_capacity_factor (megatron-core 0.16.1 transformer_config.py:690, Optional[float]),
     # a flag through arguments.py:1621 ArgumentGroupFactory(TransformerConfig)
     p.add_argument("--moe-expert-capacity-factor", type=float)
+    # the router's load-balancing loss: types and coefficients, Megatron-LM's defaults aux_loss and 0.0
+    # (arguments.py:2705-2710)
+    p.add_argument("--moe-router-load-balancing-type", nargs="+", default=["aux_loss"],
+                   choices=("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"))
+    p.add_argument("--moe-aux-loss-coeff", type=float, nargs="+", default=[0.0])
     # OptimizerConfig.optimizer ('adam', megatron-core 0.16.1 optimizer_config.py:209) and sgd_momentum (0.9, :255)
     p.add_argument("--optimizer")
     p.add_argument("--sgd-momentum", type=float)
@@ -119,6 +123,20 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         else:
             r.unknown.append(k if k.startswith("-") else f"--{k}")
     return r
+
+
+def _load_balancing(a, r: Reading) -> None:
+    """The router's load-balancing loss, whose kernels the step is timed with (stacks/megatron.toml [moe] aux_loss):
+    TopKRouter runs them in training where a loss type has a positive coefficient (megatron-core 0.16.1
+    router.py:253-273, :598); Megatron-LM's default coefficient 0.0 runs none. Sinkhorn routing replaces the top-k
+    (:220-251, :570-571)."""
+    kinds, coeffs = a.moe_router_load_balancing_type, a.moe_aux_loss_coeff
+    if "sinkhorn" in kinds:
+        r.skip("--moe-router-load-balancing-type", "sinkhorn", "time: Sinkhorn routing in place of the fused top-k "
+                                                             "trainfit times")
+    elif not any(c > 0 for k, c in zip(kinds, coeffs) if k != "none"):
+        r.skip("--moe-aux-loss-coeff", " ".join(f"{c:g}" for c in coeffs), "less time: no load-balancing loss, whose "
+               "kernels trainfit times (stacks/megatron.toml [moe] aux_loss)")
 
 
 def _optimizer(a, r: Reading) -> None:
@@ -308,6 +326,7 @@ def _settings(a, r: Reading, world: int | None) -> None:
                                                        "load, so no dropped tokens")
         if not a.moe_grouped_gemm:
             r.skip("--moe-grouped-gemm", False, "more time: sequential expert GEMMs (trainfit models TEGroupedMLP)")
+        _load_balancing(a, r)
         for fused in ("router", "permute"):  # transformer_config.py:708, :711: off unless given
             if not getattr(a, f"moe_{fused}_fusion"):
                 r.skip(f"--moe-{fused}-fusion", False, f"more time: the unfused {fused} kernels (trainfit models "
