@@ -113,3 +113,26 @@ def test_refused_beyond_the_models_layers_and_on_other_stacks(cli):
     assert code == 2 and "--offload-layers" in err and len(err.strip().splitlines()) == 1
     code, _, err = cli("estimate", "llama-3.2-1b", "--stack", "megatron", "--cpu-offloading-num-layers", "16")
     assert code == 2 and "fewer layers" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_deeper_stage_than_the_bound_is_refused_in_one_line(cli, tmp_path):
+    """Each offloading layer holds its own count of groups (groups_on_device rises and falls with the layer), so its
+    layers are laid out one by one: a config of 10**9 layers once ran for hours; past megatron_offload.MAX_LAYERS it
+    is refused in one line, at once, and at the bound it is answered (no other rule refuses it)."""
+    import json
+    import time
+
+    from importlib import resources
+
+    from trainfit.analytic.megatron_offload import MAX_LAYERS
+
+    config = json.loads((resources.files("trainfit.models.catalog") / "llama-3.2-1b.json").read_text())
+    for layers, refused in ((10**9, True), (MAX_LAYERS, False)):
+        path = tmp_path / f"deep{layers}.json"
+        path.write_text(json.dumps({**config, "num_hidden_layers": layers}))
+        t0 = time.perf_counter()
+        code, out, err = cli("estimate", str(path), "--stack", "megatron", "--offload-layers", "16")
+        assert (code == 2) == refused, err
+        if refused:
+            assert "--offload-layers" in err and f"{MAX_LAYERS:,} layers" in err and len(err.strip().splitlines()) == 1
+            assert time.perf_counter() - t0 < 30

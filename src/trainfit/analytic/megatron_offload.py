@@ -41,6 +41,14 @@ OFFLOADED = frozenset({"norm_inputs", "norm_statistics", "linear_inputs", "qkv",
                        "fc1_output", "activation_output", "shared_expert"})
 
 
+# Each layer of an offloading stage holds its own count of offload groups (groups_on_device: the count rises and falls
+# with the layer, so its layers are not runs of alike ones: layer_kinds lists them one by one), about 40 µs a layer
+# per memory evaluation, and a setup that does not fit is judged dozens of times by the fit advice (10,000 layers:
+# ~8 s; 10**6: minutes). Deeper than this --offload-layers is refused (79 times the deepest catalog model's 126
+# layers: a bound on the work, no model's limit; zero3_replay.MAX_LAYERS is the same bound for its own walk).
+MAX_LAYERS = 10_000
+
+
 @functools.lru_cache(maxsize=256)
 def window_map(layers: int, offloaded: int) -> tuple[int, ...]:
     """TE's layer_window_map (cpu_offload.py:341-350): for offload group g, the layer at whose commit its copy is

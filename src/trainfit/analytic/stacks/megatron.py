@@ -117,6 +117,10 @@ class MegatronModel(StackModel):
         why = moe_overlap_mtp(setup, mtp_layers(spec, setup))
         if why:
             raise SetupError(why)
+        if setup.offload_layers and spec.layers > megatron_offload.MAX_LAYERS:
+            raise SetupError(f"--offload-layers: {spec.name} has {spec.layers:,} layers; the offload window is laid "
+                             f"out layer by layer (analytic/megatron_offload.py), up to {megatron_offload.MAX_LAYERS:,} "
+                             "layers: check the config's layer count, or drop --offload-layers")
         if setup.offload_layers >= spec.layers:
             raise SetupError(f"--offload-layers {setup.offload_layers}: Megatron offloads fewer layers than the "
                              f"model's {spec.layers} (transformer_config.py:1137-1142): use at most {spec.layers - 1}")
