@@ -40,7 +40,7 @@ FIELDS = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--num-a
           "--moe-router-num-groups": "moe_router_num_groups", "--moe-router-group-topk": "moe_router_group_topk",
           "--moe-router-score-function": "moe_router_score_function",
           "--moe-router-enable-expert-bias": "moe_router_enable_expert_bias",
-          "--moe-shared-expert-gate": "moe_shared_expert_gate",
+          "--moe-shared-expert-gate": "moe_shared_expert_gate", "--moe-router-pre-softmax": "moe_router_pre_softmax",
           # the load-balancing loss (arguments.py:2705-2710: --moe-aux-loss-coeff type=float)
           "--moe-router-load-balancing-type": "moe_router_load_balancing_type",
           "--moe-aux-loss-coeff": "moe_aux_loss_coeff",
@@ -454,3 +454,30 @@ def test_shared_expert_gate_is_built_as_timed():
     assert tc.moe_shared_expert_gate and tc.moe_shared_expert_intermediate_size
     tc, _, _ = _configs(_parse(emit("megatron", s, load_model("deepseek-v2-lite"), 8)))
     assert not tc.moe_shared_expert_gate and tc.moe_shared_expert_intermediate_size
+
+
+@pytest.mark.parametrize("name", ["qwen1.5-moe-a2.7b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"])
+def test_router_weights_are_the_models_own(name):
+    """The emitted router weighs each token's experts as the model does: Megatron's own top-k routing
+    (moe_utils.topk_routing_with_score_function, with the emitted config's pre-softmax and score function) against
+    the model's rule written from transformers (Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock: softmax over every
+    expert, top-k, renormalised only under norm_topk_prob; MixtralSparseMoeBlock: always renormalised;
+    DeepseekV2's router: softmax, top-k, never renormalised) on the same random logits. Qwen1.5-MoE and
+    DeepSeek-V2-Lite were once emitted without --moe-router-pre-softmax: Megatron renormalised their weights."""
+    import torch
+    from megatron.core.transformer.moe.moe_utils import topk_routing_with_score_function
+
+    spec = load_model(name)
+    s = Setup(stack="megatron", precision="bf16-master", dp=8, ep=4, seq=4096, zero=1)
+    tc, _, _ = _configs(_parse(emit("megatron", s, spec, 8)))
+    logits = torch.randn(64, spec.moe.num_experts, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    probs, _ = topk_routing_with_score_function(
+        logits, tc.moe_router_topk, use_pre_softmax=tc.moe_router_pre_softmax,
+        score_function=tc.moe_router_score_function)
+    full = torch.softmax(logits, dim=-1)
+    top, index = torch.topk(full, spec.moe.top_k, dim=-1)
+    renormalised = {"qwen1.5-moe-a2.7b": False, "qwen3-30b-a3b": True, "mixtral-8x7b": True,
+                    "deepseek-v2-lite": False}[name]  # (the models' configs: norm_topk_prob; Mixtral's always)
+    want = top / top.sum(-1, keepdim=True) if renormalised else top
+    expected = torch.zeros_like(full).scatter(1, index, want)
+    torch.testing.assert_close(probs.to(torch.float64), expected)

@@ -87,6 +87,16 @@ def _load_balancing(s: Setup, spec: ModelSpec) -> list[str]:
     return ["--moe-router-load-balancing-type", kind, "--moe-aux-loss-coeff", f"{coeff:g}"]
 
 
+def _router_order(spec: ModelSpec) -> list[str]:
+    """Where the softmax comes in the router. Megatron's softmax router takes the top-k of the logits and softmaxes
+    those k (megatron-core 0.16.1 moe/moe_utils.py:709-716): the top-k of the full softmax renormalised. A model
+    whose router keeps the full softmax's top-k weights as they are (MoESpec.norm_topk False: Qwen-MoE's
+    norm_topk_prob False, DeepSeek-V2's router) needs the softmax first, --moe-router-pre-softmax
+    (TransformerConfig.moe_router_pre_softmax, transformer_config.py:617; Megatron refuses a top-1 softmax router
+    without it, :1633-1640). A sigmoid router renormalises its k > 1 weights either way (moe_utils.py:725)."""
+    return ["--moe-router-pre-softmax"] if spec.moe.router_scoring == "softmax" and not spec.moe.norm_topk else []
+
+
 def _expert_bias(spec: ModelSpec) -> bool:
     """DeepSeek-V3's router: sigmoid scores with the e_score_correction_bias, which balances the load (TransformerConfig
     moe_router_score_function, moe_router_enable_expert_bias: transformer_config.py:626, :634, the bias with sigmoid
@@ -246,7 +256,7 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
                     "--moe-router-group-topk", str(spec.moe.route_group_topk)]
         if _expert_bias(spec):
             out += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
-        out += _load_balancing(s, spec)
+        out += _load_balancing(s, spec) + _router_order(spec)
         if spec.moe.routed_scaling != 1.0:  # moe_router_topk_scaling_factor (transformer_config.py:622; None: 1)
             out += ["--moe-router-topk-scaling-factor", f"{spec.moe.routed_scaling:g}"]
         out += _moe_dispatcher(s)

@@ -58,13 +58,13 @@ EFFECT = {"manual-gc": "less time: no garbage-collection pauses mid-step",
           "no-gradient-accumulation-fusion": "more time: separate weight-gradient accumulation"}
 # flags of the model's own architecture, which the estimate takes from --model (its config.json or catalog entry): its
 # norm, positions, q/k norms and biases, dense and MoE layers, multi-latent attention and YaRN (arguments.py:2723-2740),
-# the router's scores, expert bias and top-k scaling (transformer_config.py:622-634) — said as the model's, not as
-# settings trainfit does not model
+# the router's scores, softmax order, expert bias and top-k scaling (transformer_config.py:617-634) — said as the
+# model's, not as settings trainfit does not model
 MODEL_FLAGS = ("normalization", "position-embedding-type", "qk-layernorm", "add-qkv-bias", "moe-layer-freq",
                "multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
                "v-head-dim", "rope-type", "rotary-scaling-factor", "mscale", "mscale-all-dim",
                "moe-router-score-function", "moe-router-enable-expert-bias", "moe-router-topk-scaling-factor",
-               "moe-shared-expert-gate")
+               "moe-shared-expert-gate", "moe-router-pre-softmax")
 # --use-precision-aware-optimizer's dtype flags and the values Megatron-LM takes (core_v0.16.1 arguments.py:2844-2857)
 PRECISION_AWARE_DTYPES = {"main-grads-dtype": ("fp32", "bf16"), "main-params-dtype": ("fp32", "fp16"),
                           "exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"),
