@@ -547,6 +547,11 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
         # made, a block's saved set); under checkpointing no block keeps it (T5Stack.forward :745)
         enc_final += st.residual * h * b * setup.seq
         dec_final += st.residual * h * dec_rows
+        if not st.autocast:
+            # the encoder's output (its final dropout's, T5Stack.forward :746), which stack_ends counts as the
+            # cross-attentions' k and v keep it (:327-328): inside checkpointed blocks they keep nothing, and it is
+            # the decoder blocks' checkpoint input (encoder_hidden_states, :728-737), counted once (held_per_stack)
+            enc_final -= st.weight * h * b * setup.seq
     if ab is not None:
         logits += ab.logits_extra(spec, setup, st)
     gb = st.grad
