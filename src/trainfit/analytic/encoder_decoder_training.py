@@ -49,8 +49,13 @@ leaf that requires grad there (:345-346): autograd's AccumulateGrad keeps it and
 cross-attentions, as long as the step's graph (the loss) lives, through the optimizer step (zero_bias_leaf).
 The forward's own high points (forward_moment: each stack's relative bias, held through its blocks and kept by none,
 its first block's bucketing, its self-attention's mask copies) are moments too without recomputation: a long input
-or target over few heads puts the peak there (tiny-t5 at 1024 + 128 tokens). NB: under full recomputation they are
-not counted as forward moments (the re-run's, rerun_forward_moment, are larger by the gradients).
+or target over few heads puts the peak there (tiny-t5 at 1024 + 128 tokens). Under full recomputation a block keeps
+nothing of its own in the forward, and its high points are checkpointed_forward_moment's: a stack's first block's
+bucketing, its last block's mask copies or SDPA call, beside the checkpoint inputs so far, the stack's input
+embeddings and, under autocast, the weight casts cached so far; the forward's end holds all those casts too, and
+of the zero-bias leaf not yet its .grad (train_memory). Without these (each block's forward counted only as its
+checkpoint inputs) the forward phase of tiny-t5 at 1024 + 128 tokens, amp-bf16 on CUDA, read 23.78 MiB against
+the trace's 53.56 MiB (-55.6 %).
 """
 from __future__ import annotations
 
@@ -61,7 +66,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, dropout_mask_bytes
 from .encdec_frontends import encoder_input
-from .encoder_decoder import absolute, bucket_live, fp32_gelu, inner
+from .encoder_decoder import absolute, bucket_live, fp32_gelu, inner, stack_casts
 from .optimizer import PAGED, optimizer_temporaries, state_bytes_unsharded
 from .params import ParamCounts, relative_bias_params
 from .parallel.zero import model_states, params_at_rest
@@ -253,8 +258,10 @@ def zero_bias_leaf(spec: ModelSpec, setup: Setup, st: StateBytes) -> float:
     :340-346), so the graph's AccumulateGrad node keeps it and accumulates the cross-attentions' bias gradients in
     its .grad, both live as long as the graph (the loss) is, through the optimizer step (read off the trace of
     tiny-t5, 1024 + 128 tokens, amp-bf16 on CUDA: both live at the re-run encoder block 0's bucketing).
-    NB: counted from the forward's end; the .grad is made at the decoder's last cross-attention's backward (over by
-    one (heads, t, s) tensor at the head's moments and that block's MLP moments)."""
+    Counted in the step's inputs; the forward's moments take off what is not made yet (train_memory: the zero bias
+    from the decoder's first cross-attention on, the .grad in the backward). NB: the .grad is made at the decoder's
+    last cross-attention's backward (over by one (heads, t, s) tensor at the head's backward moments and that
+    block's MLP moments)."""
     return 2 * spec.heads * setup.target_tokens * setup.seq * st.act if setup.recompute == "full" else 0.0
 
 
@@ -301,6 +308,63 @@ def forward_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool,
         moments.append(normed + 3 * rows * q * st.act + attention_casts(spec, st, rows, rows)
                        + q_len * q_len * bucket_live(decoder))
     return embeds + max(moments)
+
+
+def checkpointed_forward_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, first: bool) -> float:
+    """Under full recomputation, a block's forward high point beyond its kind's saved set (the checkpoint's inputs,
+    train_memory) and what the step holds beside it (the blocks before it, the embeddings' dropout, the inputs).
+    A checkpointed block keeps nothing of its own in the forward: non-reentrant checkpoint's pack hook stores an
+    empty _Holder in place of each saved tensor (torch/utils/checkpoint.py:1155-1163) and the frame keeps only the
+    block's inputs (new_frame.save_inputs :1698), so what the block makes lives only while the forward's locals refer
+    to it. Live at the self-attention (T5LayerSelfAttention.forward, modeling_t5.py:395-403): the stack's input
+    embeddings (inputs_embeds :683, a local of T5Stack.forward through every block), the sublayer's norm output
+    (normed_hidden_states :395, in the weights' dtype, held through the attention call), q, k and v (:306, :327-328;
+    the compute dtype) and, under autocast, the weight casts its cache holds (autocast_mode.cpp cached_cast: every
+    linear's so far, to the autocast region's exit, torch/amp/autocast_mode.py:349). Beside them the largest of:
+    - a first block at its relative bias's bucketing (compute_bias :265-281, encoder_decoder.bucket_live over the
+      (q, k) pairs); the bias it is about to make (counted in its kind's saved set, held_per_stack) not yet made;
+    - the additive mask at its contiguous copy (sdpa_attention.py create_position_bias_mask :54-91): the copy of the
+      permuted bias, (1, heads, q, k) in the weights' dtype, and in the decoder the causal mask (q, k) bool (:76-79)
+      and the torch.where output (:80) it copies;
+    - inside SDPA's call (sdpa_attention.py:182), the copy passed in (the where and the causal mask freed) and
+      autocast's 16-bit cast of it (SDPA is on autocast's lower-precision list); with CUDA's memory-efficient kernel
+      (efficient_attention) the padded bias where the keys are not a multiple of 8 (attention.cpp preprocess_mask,
+      pad_bias), its output (b, q, heads, d_kv) and fp32 logsumexp (b, heads, q rounded up to 32) (as
+      attention_core); on the math path (a CPU: attention.cpp _scaled_dot_product_attention_math) at its dropout,
+      q, k and v's fp32 copies (16-bit compute) and the scaled query, and three (b, heads, q, k) fp32 tensors:
+      the softmax output, the dropout's noise and the dropped probabilities (read off the traces of tiny-t5, CUDA
+      and CPU, every precision at 1024 + 128, 128 + 1024 and 512 + 512 tokens: to the byte on the CPU's, which a
+      real CPU step matches, measure engine).
+    The stack's other blocks are one kind, whose highest block is its last (the most checkpoint inputs before it):
+    their autocast casts are counted as that block's, every block's but its own o and MLP (NB: over at the blocks
+    before the last by the casts of those after them; never above the last's moment).
+    NB: the kernel's philox seed and offset are not counted (under by 1 KiB); nor the cross-attention's and the
+    MLP's moments (under where the decoder's (b, s, d_kv) keys or the MLP's (rows, d_ff) temporaries outweigh the
+    self-attention's (heads, q, k) tensors: short sequences, where the forward's end, the logits, is higher at the
+    sizes traced)."""
+    h, b, q, a, w = spec.hidden, setup.batch, inner(spec), st.act, st.weight
+    q_len = setup.target_tokens if decoder else setup.seq
+    rows, pairs = b * q_len, spec.heads * q_len * q_len
+    attention, mlp = 4 * h * q, (3 if spec.gated_mlp else 2) * h * spec.intermediate
+    if first:  # the casts made before this block's q, k and v: none, or the whole encoder's
+        before = stack_casts(spec, False) if decoder else 0
+    else:  # (the stack's last block) every cast but its own
+        before = stack_casts(spec, decoder) - (2 * attention if decoder else attention) - mlp
+    casts = a * (before + 3 * h * q) if st.autocast else 0
+    live = 2 * rows * h * w + 3 * rows * q * a + casts  # the embeddings, the norm's output, q, k, v, the casts
+    copy = pairs * w
+    at_copy = copy + (copy + q_len * q_len if decoder else 0)  # (the decoder's torch.where output, causal mask)
+    cast = pairs * a if st.autocast else 0
+    if efficient_attention(spec, setup, st):
+        pad = _padded_keys(q_len, 8)
+        padded = spec.heads * q_len * pad * a if pad != q_len else 0
+        call = cast + padded + rows * q * a + FP32 * b * spec.heads * _padded_keys(q_len, 32)
+    else:
+        call = cast + FP32 * rows * q * (4 if a != FP32 else 1) + 3 * FP32 * b * pairs
+    moments = [at_copy, copy + call]
+    if first:
+        moments.append(q_len * q_len * bucket_live(decoder) - pairs * w)
+    return live + max(moments)
 
 
 def block_moments(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, first: bool) -> list[Moment]:
@@ -483,10 +547,16 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
         # made, a block's saved set); under checkpointing no block keeps it (T5Stack.forward :745)
         enc_final += st.residual * h * b * setup.seq
         dec_final += st.residual * h * dec_rows
+        if not st.autocast:
+            # the encoder's output (its final dropout's, T5Stack.forward :746), which stack_ends counts as the
+            # cross-attentions' k and v keep it (:327-328): inside checkpointed blocks they keep nothing, and it is
+            # the decoder blocks' checkpoint input (encoder_hidden_states, :728-737), counted once (held_per_stack)
+            enc_final -= st.weight * h * b * setup.seq
     if ab is not None:
         logits += ab.logits_extra(spec, setup, st)
     gb = st.grad
     terms = ab or sys.modules[__name__]
+    leaf = zero_bias_leaf(spec, setup, st) if ab is None else 0.0  # (T5, full recomputation) to the step's end
     kinds = []
     for decoder, first in ((False, True), (False, False), (True, True), (True, False)):
         rows = dec_rows if decoder else b * setup.seq
@@ -502,16 +572,29 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
         m = max(terms.block_moments(spec, setup, st, decoder, first),
                 key=lambda x: x.extra - x.freed + x.grads_done * gb)
         own = ab.block_params(spec, decoder) if ab is not None else block_params(spec, pc, decoder, first)
-        # the forward's high point (T5 without recomputation), with what the kind's saved set carries beside the
-        # block's own (the decoder's first: its embeddings, the encoder's end, the decoder ids). NB: not derived for
-        # BART's and Whisper's blocks (no relative bias) or under full recomputation: under where they are the peak
-        forward = 0.0 if (ab is not None or full) else forward_moment(spec, setup, st, decoder, first) + saved - \
-            terms.block_saved(spec, setup, st, decoder, first)
+        # the forward's high point, with what the kind's saved set carries beside the block's own (the decoder's
+        # first: its embeddings, the encoder's end, the decoder ids). NB: not derived for BART's and Whisper's blocks
+        # (no relative bias): under where they are the peak
+        if ab is not None:
+            forward = 0.0
+        elif full:
+            # the checkpoint's inputs and the block's temporaries; of `inputs`, the zero-bias leaf is made at the
+            # decoder's first cross-attention (after its self-attention) and its .grad in the backward
+            forward = saved + checkpointed_forward_moment(spec, setup, st, decoder, first) - \
+                (leaf / 2 if decoder and not first else leaf)
+        else:
+            forward = forward_moment(spec, setup, st, decoder, first) + saved - \
+                terms.block_saved(spec, setup, st, decoder, first)
         kinds.append(LayerKind(saved, m.extra, m.freed, m.grads_done * gb, gradients=own * gb, forward=forward))
     # each stack's first block and its other blocks, as runs (not one entry per block: 10**9 blocks a stack)
     pattern = Pattern.of_runs((0, 1), (1, spec.layers - 1), (2, 1), (3, spec.encdec.decoder_layers - 1))
     inputs = encoder_input(spec, setup, st) + INDEX * dec_rows  # input_ids (Whisper: input_features) and labels
-    leaf = zero_bias_leaf(spec, setup, st) if ab is None else 0.0  # (T5, full recomputation) to the step's end
+    transient = logits
+    if full and ab is None:
+        # at the loss, beside the logits: autocast's cached casts of every block's weights, which no checkpointed
+        # block saves (freed at the autocast region's exit, torch/amp/autocast_mode.py:349); the leaf's .grad,
+        # counted in `inputs`, is made in the backward
+        transient += (st.act * stack_casts(spec, True) if st.autocast else 0) - leaf / 2
     step = StepBytes(
         resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
                   "comm_buffers": ms.comm},
@@ -525,7 +608,7 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
         embedding_saved=enc_embedding,
         head_saved=dec_final + head_saved + inputs + leaf,
         inputs=inputs + leaf,
-        forward_transient=logits,
+        forward_transient=transient,
         loss_backward=loss_backward,
         layer_backward=0.0,
         layer_freed=0.0,
