@@ -25,7 +25,8 @@ class Reading:
     not_modelled: list[str] = field(default_factory=list)  # "key = value: not modelled (effect)"
     unknown: list[str] = field(default_factory=list)  # keys neither mapped nor known to trainfit
     no_effect: list[str] = field(default_factory=list)  # keys with no effect on a step's memory or time
-    warned: list[str] = field(default_factory=list)  # what the tool's own parser warned about the file (deprecations)
+    warned: list[str] = field(default_factory=list)  # what the tool's own parser says about the file: its warnings
+    # (deprecations), and a flag it stops at (a serving engine's flag of another release: readers.vllm.account's gone)
     of_model: list[str] = field(default_factory=list)  # keys of the model's own architecture, taken from --model
     sized: list = field(default_factory=list)  # (knob, key, value, effect): a serving engine's flag that trainfit
     # sizes as the engine does (Estimate.detail.serving.knobs[knob]), settled by `against` once the estimate is made

@@ -22,15 +22,37 @@ SIZED = {"chunked-prefill-size": ("chunked_prefill_size", "memory: a larger chun
                                   "smaller token pool"),
          "page-size": ("page_size", "memory: the KV pool's page rounding"),
          "cuda-graph-max-bs-decode": ("cuda_graph_max_bs", "memory: CUDA graphs captured up to this batch")}
-EFFECT = {"cuda-graph-max-bs": "memory: CUDA graphs captured up to this batch",
-          "max-running-requests": "time: the batch is capped", "max-total-tokens": "memory: the token pool capped",
+EFFECT = {"max-running-requests": "time: the batch is capped", "max-total-tokens": "memory: the token pool capped",
           "dp-size": "more GPUs: each replica as estimated", "ep-size": "memory and time of the MoE experts",
           "enable-torch-compile": "time", "disable-radix-cache": "time only",
-          "schedule-conservativeness": "time only", "attention-backend": "time"}
+          "schedule-conservativeness": "time only", "attention-backend": "time",
+          "cuda-graph-max-bs-prefill": "memory: the prefill CUDA graphs captured up to this many tokens",
+          "cuda-graph-bs-decode": "memory: decode CUDA graphs captured at these batch sizes",
+          "cuda-graph-bs-prefill": "memory: prefill CUDA graphs captured at these token counts",
+          "cuda-graph-backend-decode": "memory: the decode CUDA graphs (disabled: none)",
+          "cuda-graph-backend-prefill": "memory: the prefill CUDA graphs (disabled: none)",
+          "cuda-graph-config": "memory: the CUDA graphs of each phase"}
+# (the graph flags: SGLang 0.5.23 arg_groups/fields/exec_.py:606-647; a prefill max_bs is the prefill graphs' largest
+# token count, arg_groups/cuda_graph_hook.py:74-75, :480-497)
+
+# flags SGLang 0.5.23's parser stops at (argparse: "ambiguous option", exit 2): each is a prefix of two or more of its
+# flags, which allow_abbrev cannot choose between. What replaced each, and the listed release that took it where one
+# did
+GONE = {"cuda-graph-max-bs": "its parser stops at it as a prefix of both --cuda-graph-max-bs-decode and "
+                             "--cuda-graph-max-bs-prefill (arg_groups/fields/exec_.py:629-634; ambiguous option); "
+                             "0.4.4 takes it for the decode graphs (srt/server_args.py:907-912): write "
+                             "--cuda-graph-max-bs-decode",
+        "cuda-graph-bs": "its parser stops at it as a prefix of both --cuda-graph-bs-decode and "
+                         "--cuda-graph-bs-prefill (arg_groups/fields/exec_.py:640-647; ambiguous option); 0.4.4 takes "
+                         "it for the decode graphs (srt/server_args.py:913-918): write --cuda-graph-bs-decode",
+        "pp": "its parser stops at it as a prefix of --pp-size, --pp-max-micro-batch-size and --pp-async-batch-depth "
+              "(arg_groups/fields/parallel.py:59-72; ambiguous option): write --pp-size"}
+FLAGS_OF = "0.5.23"  # the SGLang release whose ServerArgs parser this reader follows (data/servers.toml's default)
 
 
 # ServerArgs' other spellings of the flags EFFECT lists (--data-parallel-size / --dp-size, --expert-parallel-size /
-# --ep-size; --dp, --ep by argparse's prefix matching)
+# --ep / --ep-size: 0.5.23 arg_groups/fields/parallel.py:73-80, :281-288; --dp, the one flag it begins, by argparse's
+# prefix matching)
 ALIASES = {"data-parallel-size": "dp-size", "dp": "dp-size", "expert-parallel-size": "ep-size", "ep": "ep-size"}
 
 
@@ -101,10 +123,11 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sglang.launch_server", add_help=False, allow_abbrev=False)
     p.add_argument("--model-path", "--model")
     p.add_argument("--dtype")
-    # ServerArgs' own spellings (--tensor-parallel-size, --tp-size), and --tp: launch_server's argparse takes any
-    # unambiguous prefix (allow_abbrev, argparse's default)
+    # ServerArgs' own spellings (--tensor-parallel-size, --tp-size: fields/parallel.py:45-51), and --tp:
+    # launch_server's argparse takes any unambiguous prefix (allow_abbrev, argparse's default), and --tp-size is the
+    # one flag --tp begins. Not --pp, which begins three (GONE)
     p.add_argument("--tensor-parallel-size", "--tp-size", "--tp", dest="tp_size", type=int)
-    p.add_argument("--pipeline-parallel-size", "--pp-size", "--pp", dest="pp_size", type=int)
+    p.add_argument("--pipeline-parallel-size", "--pp-size", dest="pp_size", type=int)
     for f in ("context-length", *SIZED, "speculative-num-steps", "speculative-eagle-topk",
               "speculative-num-draft-tokens"):
         p.add_argument(f"--{f}", type=int)
@@ -127,7 +150,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     if launcher == "sglang serve":
         argv = serve_argv(argv, path)
     argv, config = with_config(argv, path)
-    r = Reading(f"{path} (SGLang 0.5.23 ServerArgs flags, argparse{f'; --config {config}' if config else ''})")
+    r = Reading(f"{path} (SGLang {FLAGS_OF} ServerArgs flags, argparse{f'; --config {config}' if config else ''})")
     p = parser()
     a, rest = parse_flags(p, argv, path)
     r.model = a.model_path
@@ -147,6 +170,10 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         if a.kv_cache_dtype not in KV:
             raise SetupError(f"--kv-cache-dtype {a.kv_cache_dtype}: trainfit models auto, {', '.join(KV)}")
         r.set("kv_dtype", KV[a.kv_cache_dtype], "--kv-cache-dtype")
+    if a.disable_cuda_graph:  # (a DeprecatedStoreTrueAction: arg_groups/argparse_actions.py:95-100, its new_flag
+        # server_args.py:410-415; still both graphs off, arg_groups/cuda_graph_hook.py:55-57)
+        r.warned.append(f"SGLang {FLAGS_OF} warns: '--disable-cuda-graph' is deprecated and will be removed in a "
+                        "future release. Use '--cuda-graph-backend-{decode,prefill}=disabled' instead.")
     if a.disable_cuda_graph or (a.disable_decode_cuda_graph and a.disable_prefill_cuda_graph):
         r.set("enforce_eager", True, "--disable-decode-cuda-graph")
     else:  # one kind of graphs off: trainfit's --enforce-eager turns off both
@@ -174,8 +201,8 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
             if v is not None:
                 r.skip(f"--{flag}", v, "no effect without --speculative-algorithm (SGLang runs no draft)")
     # launch_server's parser takes any unambiguous prefix (argparse.ArgumentParser(prog="sglang serve"), allow_abbrev
-    # left at its default: srt/server_args.py prepare_server_args)
-    account(r, rest, NO_EFFECT, EFFECT, ALIASES, abbreviated=_whole_flags(p))
+    # left at its default: srt/server_args.py:679, prepare_server_args)
+    account(r, rest, NO_EFFECT, EFFECT, ALIASES, abbreviated=_whole_flags(p), gone=GONE, engine=f"SGLang {FLAGS_OF}")
     return r
 
 

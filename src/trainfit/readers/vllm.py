@@ -20,14 +20,41 @@ NO_EFFECT = ("host", "port", "served-model-name", "api-key", "tokenizer", "trust
              "load-format", "config-format", "tokenizer-mode", "generation-config", "enable-auto-tool-choice",
              "tool-call-parser", "reasoning-parser")
 EFFECT = {"enable-prefix-caching": "time: cached prefixes skip prefill; no effect on the KV budget",
-          "no-enable-prefix-caching": "time", "enable-chunked-prefill": "time and the activation peak",
-          "swap-space": "host memory only", "cpu-offload-gb": "less GPU memory: weights offloaded to the host",
+          "no-enable-prefix-caching": "time", "disable-prefix-caching": "time",
+          "enable-chunked-prefill": "time and the activation peak",
+          "disable-chunked-prefill": "time and the activation peak",
+          "cpu-offload-gb": "less GPU memory: weights offloaded to the host",
           "data-parallel-size": "more GPUs: each replica as estimated",
-          "enable-expert-parallel": "memory and time of the MoE experts", "max-num-partial-prefills": "time",
-          "compilation-config": "time and CUDA-graph memory", "max-seq-len-to-capture": "CUDA-graph memory",
+          "enable-expert-parallel": "memory and time of the MoE experts",
+          "compilation-config": "time and CUDA-graph memory",
+          "optimization-level": "CUDA-graph memory and time: -O0 compiles nothing and captures no CUDA graphs, -O1 "
+                                "piecewise graphs only, -O2 (the default, as estimated) and -O3 full and piecewise "
+                                "(config/vllm.py:132-144, :435)",
+          "max-cudagraph-capture-size": "CUDA-graph memory: graphs captured up to this many tokens",
+          "cudagraph-capture-sizes": "CUDA-graph memory: the token counts captured",
           "distributed-executor-backend": "none on one node", "limit-mm-per-prompt": "memory of the encoder cache",
           "config": "none of its keys is read: vLLM opens the file only when written `--config FILE` "
                     "(vllm/utils/argparse_utils.py:371); write it so"}
+# (vLLM 0.33.0: engine/arg_utils.py:1402 --enable-prefix-caching, :1785 --enable-chunked-prefill, :1824-1828
+# --cudagraph-capture-sizes / --max-cudagraph-capture-size (config/compilation.py:651, :695), :1911
+# --optimization-level. A bool field's flag is argparse's BooleanOptionalAction (:384-386), which the parser registers
+# as its EnableDisableAction (vllm/utils/argparse_utils.py:179): --enable-X pairs with --disable-X, and --no-enable-X
+# is still taken, out of the help (:120-145); -O N, -ON and -O=N are --optimization-level N (:395-406).)
+
+# flags of the older releases trainfit models (data/servers.toml) that vLLM 0.33.0's serve parser does not have: it
+# stops at them ("unrecognized arguments", exit 2; none is the prefix of a 0.33.0 flag, which argparse's allow_abbrev
+# would take). Each: the last listed release that takes it (that release's lines) and what, if anything, replaced it
+GONE = {k: "`vllm serve` stops at it (unrecognized arguments); " + v for k, v in {
+        "swap-space": "0.14.1 takes it (engine/arg_utils.py:914; config/cache.py:58), and its V1 engine allocates no "
+                      "swap (v1/engine/core.py:267 num_cpu_blocks = 0); nothing replaced it",
+        "max-seq-len-to-capture": "0.10.1 takes it (engine/arg_utils.py:503-504), read only by the V0 engine's CUDA "
+                                  "graphs; nothing replaced it: 0.33.0's graphs are sized in tokens per step, "
+                                  "--max-cudagraph-capture-size (engine/arg_utils.py:1827)",
+        "max-num-partial-prefills": "0.19.0 takes it (engine/arg_utils.py:1221-1222), which its V1 scheduler does "
+                                    "not read (only the ROCm AITER attention backend, "
+                                    "v1/attention/backends/rocm_aiter_fa.py:476); nothing replaced it",
+        "cuda-graph-sizes": "0.11.0 takes it (engine/arg_utils.py:893-894); 0.33.0's are --cudagraph-capture-sizes "
+                            "and --max-cudagraph-capture-size (engine/arg_utils.py:1824-1828)"}.items()}
 
 
 # keys that tell a bare `vllm serve --config` YAML from SGLang's (readers.kind_of): serve flags of vLLM 0.33's parser
@@ -39,12 +66,20 @@ CONFIG_KEYS = frozenset({"max-model-len", "gpu-memory-utilization", "max-num-seq
                          "kv-cache-memory-bytes", "speculative-config", "compilation-config", "limit-mm-per-prompt",
                          "distributed-executor-backend", "enable-expert-parallel", "generation-config",
                          "enable-auto-tool-choice"})
-SHORT = {"-dp": "data-parallel-size", "-O": "compilation-config"}  # EngineArgs' other short aliases (arg_utils.py)
+# EngineArgs' other short aliases (vLLM 0.33.0 engine/arg_utils.py:1241 -dp, :1306 -ep, :1891 -cc; -O is rewritten
+# before argparse: flexible)
+SHORT = {"-dp": "data-parallel-size", "-ep": "enable-expert-parallel", "-cc": "compilation-config"}
 # the serve flags vLLM 0.33 adds as store_true, with no --no- form (engine/arg_utils.py:1294-1299, :1919-1930;
 # entrypoints/common/cli_args.py:444-448, :465-469); its other switches are EngineArgs / FrontendArgs bool fields,
-# each with a --no- form (argparse.BooleanOptionalAction: engine/arg_utils.py:384-386)
+# each with a --no- form (argparse.BooleanOptionalAction: engine/arg_utils.py:384-386, registered as
+# EnableDisableAction: vllm/utils/argparse_utils.py:120-145, :179), except the --disable-X spelling of an enable_X
+# field (INVERSE)
 STORE_TRUE = ("data-parallel-multi-port-external-lb", "disable-log-stats", "aggregate-engine-logging", "headless",
               "grpc")
+# the --disable-X spellings of EngineArgs' enable_X fields among the flags above: EnableDisableAction gives them no
+# --no- form (only the field's own flag gets one: argparse_utils.py:129-142)
+INVERSE = ("disable-prefix-caching", "disable-chunked-prefill")
+FLAGS_OF = "0.33.0"  # the vLLM release whose serve parser this reader follows (data/servers.toml's default)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -69,22 +104,27 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-dtype")
     p.add_argument("--quantization", "-q")
     p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction)  # (a bool field: --no-enforce-eager too)
-    p.add_argument("--speculative-config")
+    p.add_argument("--speculative-config", "-sc")  # (-sc: vLLM 0.33.0 engine/arg_utils.py:1866)
     return p
 
 
 
 
 def account(r: Reading, rest: list[str], no_effect, effect, aliases: dict | None = None,
-            abbreviated=None) -> None:
-    """Each flag left over listed as without effect, as not modelled (what it changes), or as unknown; `aliases`:
-    other spellings of those flags. `abbreviated`: where the engine's argparse takes a flag's unique prefix for the
-    flag (allow_abbrev), the whole flags trainfit knows: an unknown one that begins exactly one of them is named with
-    it (trainfit reads whole names only: the engine's other flags, which it does not list, decide the prefix)."""
+            abbreviated=None, gone: dict | None = None, engine: str = "") -> None:
+    """Each flag left over listed as without effect, as not modelled (what it changes), as one the engine's parser
+    refuses, or as unknown; `aliases`: other spellings of those flags. `gone`: flags the parser of `engine` (its name
+    and release, "vLLM 0.33.0") refuses that another release took, each with why and what replaced it: one line each
+    among what the engine's own parser says (Reading.warned), neither modelled nor given an effect. `abbreviated`:
+    where the engine's argparse takes a flag's unique prefix for the flag (allow_abbrev), the whole flags trainfit
+    knows: an unknown one that begins exactly one of them is named with it (trainfit reads whole names only: the
+    engine's other flags, which it does not list, decide the prefix)."""
     known = sorted({*abbreviated, *no_effect, *effect, *(aliases or {})}) if abbreviated is not None else ()
     for k, v in leftover_flags(rest):
         k = (aliases or {}).get(k, k)
-        if k in no_effect:
+        if k in (gone or {}):
+            r.warned.append(f"--{k}: {engine} has no such flag: {gone[k]}")
+        elif k in no_effect:
             r.skip(f"--{k}", v, "no effect on memory or time")
         elif k in effect:
             r.skip(f"--{k}", v, effect[k])
@@ -100,7 +140,8 @@ def flexible(argv: list[str], source: str) -> list[str]:
     """argv as vLLM's FlexibleArgumentParser.parse_args rewrites it before argparse (vllm/utils/argparse_utils.py):
     a flag's underscores are dashes up to its first '.' (--max_model_len is --max-model-len), and the dotted form of
     a JSON flag (--speculative-config.model M, --x.y=v, --x.list+ a,b) is merged into one --x '{...}' at the end, each
-    value JSON, else a human-readable int, else text."""
+    value JSON, else a human-readable int, else text; -ON, -O=N and -O N (N of 0-3) are --optimization-level N
+    (vLLM 0.33.0 argparse_utils.py:395-406)."""
     out: list[str] = []
     dicts: dict[str, dict] = {}
     skip = False
@@ -112,6 +153,12 @@ def flexible(argv: list[str], source: str) -> list[str]:
             key, eq, value = arg.partition("=")
             head, dot, tail = key[2:].partition(".")
             arg = "--" + head.replace("_", "-") + dot + tail + eq + value
+        elif arg.startswith("-O") and arg != "-O":
+            out += ["--optimization-level", arg[3:] if arg[2] == "=" else arg[2:]]
+            continue
+        elif arg == "-O" and i + 1 < len(argv) and argv[i + 1] in ("0", "1", "2", "3"):
+            out.append("--optimization-level")
+            continue
         if not (arg.startswith("-") and "." in arg.partition("=")[0]):
             out.append(arg)
             continue
@@ -168,7 +215,7 @@ def with_config(argv: list[str], path: Path, needs_model: bool = True) -> tuple[
     i = argv.index("--config")
     # (:654-658: false the --no-KEY form only where the parser has that option string)
     keys = config_flags(data, lambda k, v: [f"--{k}"] if v else [f"--no-{k}"] if "_" not in str(k)
-                        and k not in STORE_TRUE else [])
+                        and k not in STORE_TRUE + INVERSE else [])
     rest = argv[:i] + argv[i + 2:]
     if rest and not rest[0].startswith("-"):  # the model on the command line (after model_first): it stays first
         return [rest[0], *keys, *rest[1:]], found
@@ -184,7 +231,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     bare = config_file(path)  # the --config YAML by itself: as `vllm serve --config FILE` reads it
     argv = ["--config", str(path)] if bare else split(text, str(path), lambda w: w == "serve")[1]
     argv, config = with_config(model_first(argv), path, needs_model=not bare)
-    r = Reading(f"{path} (vLLM 0.33 serve flags, argparse{f'; --config {config}' if config else ''})")
+    r = Reading(f"{path} (vLLM {FLAGS_OF} serve flags, argparse{f'; --config {config}' if config else ''})")
     a, rest = parse_flags(parser(), flexible(argv, str(path)), path)
     r.model = a.model_tag or a.model  # (the positional first: vllm/entrypoints/cli/serve.py:55-57)
     r.set("mode", "serve", "vllm serve")
@@ -224,5 +271,5 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         for k, v in spec.items():
             if k != "model":
                 r.skip(f"--speculative-config {k}", v, "time only (the draft's memory is modelled)")
-    account(r, rest, NO_EFFECT, EFFECT, SHORT)
+    account(r, rest, NO_EFFECT, EFFECT, SHORT, gone=GONE, engine=f"vLLM {FLAGS_OF}")
     return r

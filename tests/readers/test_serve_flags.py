@@ -1,0 +1,163 @@
+"""`vllm serve` and SGLang launch lines read with the flags of the releases the readers follow (readers.vllm.FLAGS_OF,
+readers.sglang.FLAGS_OF): a flag that release's own parser stops at is said in one line among what the engine's
+parser says (Reading.warned; check's lines, --json "warned"), with what replaced it, and is neither modelled nor
+given an effect; the spellings the parser takes for a flag trainfit lists are read as that flag.
+
+Expectations from the releases' own sources (`pip download vllm==0.33.0 sglang==0.5.23 --no-deps`, and the older
+listed releases' wheels; paths inside the wheel, lines of that release). vLLM's serve parser is
+entrypoints/common/cli_args.py:431 make_arg_parser with EngineArgs.add_cli_args (engine/arg_utils.py:959) under
+FlexibleArgumentParser (vllm/utils/argparse_utils.py:156); SGLang's is srt/server_args.py:679-680 prepare_server_args
+(argparse.ArgumentParser(prog="sglang serve"), allow_abbrev at argparse's default) with ServerArgs.add_cli_args."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainfit import serving_versions
+from trainfit.readers import read
+from trainfit.readers import sglang as sglang_reader
+from trainfit.readers import vllm as vllm_reader
+
+MODEL = "llama-3.1-8b"
+
+
+def _read(tmp_path, line: str, yaml: str | None = None):
+    if yaml is not None:
+        (tmp_path / "serve.yaml").write_text(yaml)
+    path = tmp_path / "serve.sh"
+    path.write_text(line + "\n")
+    return read(path)
+
+
+def _said(r, flag: str) -> list[str]:
+    """Every line of the Reading that names `flag` (as the flag itself, not a longer one)."""
+    lines = r.not_modelled + r.unknown + r.no_effect + r.warned + r.as_modelled
+    return [x for x in lines if x == flag or x.startswith((f"{flag}:", f"{flag} ", f"{flag} ="))]
+
+
+def test_the_readers_follow_the_releases_the_estimate_models():
+    """check's estimate runs the engine's default release (readers set --server vllm / sglang: data/servers.toml
+    `default`), so the flag tables must be that release's: a new default needs its parser's flags checked again."""
+    assert vllm_reader.FLAGS_OF == serving_versions.parse("vllm").version
+    assert sglang_reader.FLAGS_OF == serving_versions.parse("sglang").version
+
+
+# vLLM 0.33.0's serve parser has none of these (no add_argument of them in engine/arg_utils.py or
+# entrypoints/common/cli_args.py, and none is a prefix of one of its flags): `vllm serve m --swap-space 4` exits with
+# "unrecognized arguments: --swap-space 4". The older listed releases took them: 0.14.1 engine/arg_utils.py:914
+# --swap-space (its V1 engine allocating no swap: v1/engine/core.py:267 num_cpu_blocks = 0); 0.10.1 :503-504
+# --max-seq-len-to-capture; 0.19.0 :1221-1222 --max-num-partial-prefills; 0.11.0 :893-894 --cuda-graph-sizes, whose
+# place 0.33.0's --cudagraph-capture-sizes / --max-cudagraph-capture-size (:1824-1828) take.
+# Before: the first three were listed as not modelled with an effect (host memory, CUDA-graph memory, time), the last
+# as unknown.
+@pytest.mark.parametrize("flags, flag, replaced", [
+    ("--swap-space 4", "--swap-space", "nothing replaced it"),
+    ("--max-seq-len-to-capture 8192", "--max-seq-len-to-capture", "--max-cudagraph-capture-size"),
+    ("--max-num-partial-prefills 2", "--max-num-partial-prefills", "nothing replaced it"),
+    ("--cuda-graph-sizes 512", "--cuda-graph-sizes", "--cudagraph-capture-sizes and --max-cudagraph-capture-size"),
+])
+def test_a_flag_vllm_no_longer_takes_is_said_in_one_line(tmp_path, flags, flag, replaced):
+    r = _read(tmp_path, f"vllm serve m -tp 2 {flags}")
+    assert _said(r, flag) == [x for x in r.warned if x.startswith(flag)], _said(r, flag)
+    (line,) = _said(r, flag)
+    assert line.startswith(f"{flag}: vLLM 0.33.0 has no such flag: `vllm serve` stops at it (unrecognized arguments)")
+    assert replaced in line and r.values["tp"] == 2
+
+
+def test_a_flag_vllm_no_longer_takes_in_its_config_file_is_said_too(tmp_path):
+    """A --config YAML's keys are the parser's flags (vllm/utils/argparse_utils.py:606-673 load_config_file):
+    `swap-space: 4` is `--swap-space 4`, which 0.33.0's parser stops at."""
+    r = _read(tmp_path, "vllm serve m --config serve.yaml", "swap-space: 4\nmax-num-seqs: 64\n")
+    assert [x.split(":")[0] for x in r.warned] == ["--swap-space"] and r.values["max_num_seqs"] == 64
+    assert not r.not_modelled and not r.unknown
+
+
+# the spellings vLLM 0.33.0's parser takes for flags trainfit lists: --disable-X pairs with --enable-X
+# (EnableDisableAction, vllm/utils/argparse_utils.py:120-145, registered for every bool field :179); -ON, -O N and -O=N
+# are --optimization-level N (:395-406; engine/arg_utils.py:1911; -O was --compilation-config's alias up to 0.11.0);
+# -cc is --compilation-config (:1891), -ep --enable-expert-parallel (:1306). Before: --disable-prefix-caching,
+# --disable-chunked-prefill, -O3, -O=1, -cc, -ep and --max-cudagraph-capture-size were unknown, and -O 0 listed as
+# --compilation-config.
+@pytest.mark.parametrize("flags, listed", [
+    ("--disable-prefix-caching", "--disable-prefix-caching = True: not modelled (time)"),
+    ("--disable-chunked-prefill", "--disable-chunked-prefill = True: not modelled (time and the activation peak)"),
+    ("-O3", "--optimization-level = '3': not modelled (CUDA-graph memory and time"),
+    ("-O 0", "--optimization-level = '0': not modelled (CUDA-graph memory and time"),
+    ("-O=1", "--optimization-level = '1': not modelled (CUDA-graph memory and time"),
+    ("-cc '{\"mode\": 0}'", "--compilation-config = '{\"mode\": 0}': not modelled (time and CUDA-graph memory)"),
+    ("-ep", "--enable-expert-parallel = True: not modelled (memory and time of the MoE experts)"),
+    ("--max-cudagraph-capture-size 256", "--max-cudagraph-capture-size = '256': not modelled (CUDA-graph memory"),
+])
+def test_vllm_spellings_of_listed_flags_are_read_as_those_flags(tmp_path, flags, listed):
+    r = _read(tmp_path, f"vllm serve m {flags}")
+    assert not r.unknown and not r.warned, (r.unknown, r.warned)
+    assert [x for x in r.not_modelled if x.startswith(listed)] == r.not_modelled, r.not_modelled
+
+
+def test_vllm_short_speculative_config_sets_the_draft(tmp_path):
+    """-sc is --speculative-config (vLLM 0.33.0 engine/arg_utils.py:1866). Before: unknown, and no draft estimated."""
+    r = _read(tmp_path, "vllm serve m -sc '{\"model\": \"d\", \"num_speculative_tokens\": 4}'")
+    assert r.values["draft_model"] == "d" and not r.unknown
+
+
+def test_vllm_config_file_false_of_a_disable_spelling_adds_no_flag(tmp_path):
+    """load_config_file writes a false key as --no-KEY only where the parser has that option
+    (vllm/utils/argparse_utils.py:654-658), and EnableDisableAction gives the --disable-X spelling none (:129-142):
+    `disable-prefix-caching: false` adds nothing. Before: read as --no-disable-prefix-caching, listed as unknown."""
+    r = _read(tmp_path, "vllm serve m --config serve.yaml", "disable-prefix-caching: false\nenforce-eager: false\n")
+    assert not r.unknown and not r.not_modelled and not r.warned, (r.unknown, r.not_modelled)
+
+
+# SGLang 0.5.23's parser stops at these with "ambiguous option" (argparse's allow_abbrev cannot choose): two flags
+# begin --cuda-graph-max-bs (arg_groups/fields/exec_.py:629-634: --cuda-graph-max-bs-decode, -prefill), two begin
+# --cuda-graph-bs (:640-647), three begin --pp (arg_groups/fields/parallel.py:59-72: --pp-size,
+# --pp-max-micro-batch-size, --pp-async-batch-depth). 0.4.4 took --cuda-graph-max-bs and --cuda-graph-bs for its
+# (decode) graphs (srt/server_args.py:907-918). Before: --cuda-graph-max-bs was listed as not modelled (CUDA-graph
+# memory), --pp 2 read as two pipeline stages, --cuda-graph-bs unknown.
+@pytest.mark.parametrize("flags, flag, write", [
+    ("--cuda-graph-max-bs 256", "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"),
+    ("--cuda-graph-bs 1 2 4", "--cuda-graph-bs", "--cuda-graph-bs-decode"),
+    ("--pp 2", "--pp", "--pp-size"),
+])
+def test_a_flag_sglang_stops_at_is_said_in_one_line(tmp_path, flags, flag, write):
+    r = _read(tmp_path, f"python -m sglang.launch_server --model-path m --tp 2 {flags}")
+    (line,) = _said(r, flag)
+    assert line in r.warned and line.startswith(f"{flag}: SGLang 0.5.23 has no such flag: its parser stops at it")
+    assert line.endswith(f"write {write}") and "ambiguous option" in line
+    assert r.values["tp"] == 2 and "pp" not in r.values
+
+
+def test_sglang_graph_flags_of_0_5_23_are_listed(tmp_path):
+    """The prefill graphs' largest capture and the per-phase graph backends (arg_groups/fields/exec_.py:613-634)
+    change what the CUDA graphs hold. Before: unknown."""
+    r = _read(tmp_path, "python -m sglang.launch_server --model-path m --cuda-graph-max-bs-prefill 512 "
+                        "--cuda-graph-backend-prefill disabled")
+    assert not r.unknown and [x.split(" = ")[0] for x in r.not_modelled] == ["--cuda-graph-max-bs-prefill",
+                                                                             "--cuda-graph-backend-prefill"]
+
+
+def test_sglangs_deprecated_graph_switch_is_read_and_its_warning_said(tmp_path):
+    """--disable-cuda-graph is a DeprecatedStoreTrueAction in 0.5.23 (srt/server_args.py:410-415): it still turns both
+    graph phases off (arg_groups/cuda_graph_hook.py:55-57) and prints its warning
+    (arg_groups/argparse_actions.py:95-100). Before: read, its warning not said."""
+    r = _read(tmp_path, "python -m sglang.launch_server --model-path m --disable-cuda-graph")
+    assert r.values["enforce_eager"] is True
+    assert r.warned == ["SGLang 0.5.23 warns: '--disable-cuda-graph' is deprecated and will be removed in a future "
+                        "release. Use '--cuda-graph-backend-{decode,prefill}=disabled' instead."]
+
+
+def test_check_says_the_flag_in_one_line_and_estimates_the_rest(tmp_path, cli):
+    """As trainfit's reader convention for a flag it does not model: the estimate is made (exit 0), and the flag is one
+    line of check's, under "warned" in its JSON; the flags vLLM takes are read as before."""
+    path = tmp_path / "serve.sh"
+    path.write_text(f"vllm serve {MODEL} --max-model-len 8192 --swap-space 16\n")
+    code, out, err = cli("check", str(path), "--gpu", "H100-80GB")
+    assert code == 0, err
+    lines = [x for x in out.splitlines() if "swap-space" in x]
+    assert len(lines) == 1 and lines[0].startswith("  · --swap-space: vLLM 0.33.0 has no such flag"), lines
+    code, out, _ = cli("check", str(path), "--gpu", "H100-80GB", "--json")
+    said = json.loads(out)["check"]
+    assert code == 0 and said["settings"]["max_model_len"] == 8192
+    assert [x.split(":")[0] for x in said["warned"]] == ["--swap-space"]
+    assert not said["unknown"] and not any("swap" in x for x in said["not_modelled"])
