@@ -161,3 +161,12 @@ def test_check_says_the_flag_in_one_line_and_estimates_the_rest(tmp_path, cli):
     assert code == 0 and said["settings"]["max_model_len"] == 8192
     assert [x.split(":")[0] for x in said["warned"]] == ["--swap-space"]
     assert not said["unknown"] and not any("swap" in x for x in said["not_modelled"])
+
+
+def test_a_vllm_flag_written_as_its_prefix_is_named_with_its_whole_flag(tmp_path):
+    """`vllm serve`'s parser takes a flag's unique prefix for it (FlexibleArgumentParser leaves allow_abbrev at
+    argparse's default: vllm/utils/argparse_utils.py:170-181), so `--gpu-memory-util 0.8` sets
+    --gpu-memory-utilization there. trainfit reads whole names only: the line names the whole flag to write, as the
+    SGLang reader does, rather than listing a bare unknown (which left the estimate at the default 0.92 unsaid)."""
+    r = _read(tmp_path, "vllm serve m --gpu-memory-util 0.8")
+    assert [x for x in r.unknown if x.startswith("--gpu-memory-util ") and "--gpu-memory-utilization" in x], r.unknown

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import SetupError
 from . import Reading
 from .cmdline import config_file, config_flags, parse_flags, split, yaml_config
-from .vllm import DTYPES, account
+from .vllm import DTYPES, account, whole_flags
 
 KV = {"fp8_e4m3": "fp8", "fp8": "fp8", "bfloat16": "bf16", "bf16": "bf16"}
 NO_EFFECT = ("host", "port", "served-model-name", "api-key", "tokenizer-path", "trust-remote-code", "download-dir",
@@ -202,11 +202,6 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
                 r.skip(f"--{flag}", v, "no effect without --speculative-algorithm (SGLang runs no draft)")
     # launch_server's parser takes any unambiguous prefix (argparse.ArgumentParser(prog="sglang serve"), allow_abbrev
     # left at its default: srt/server_args.py:679, prepare_server_args)
-    account(r, rest, NO_EFFECT, EFFECT, ALIASES, abbreviated=_whole_flags(p), gone=GONE, engine=f"SGLang {FLAGS_OF}")
+    account(r, rest, NO_EFFECT, EFFECT, ALIASES, abbreviated=whole_flags(p), gone=GONE, engine=f"SGLang {FLAGS_OF}")
     return r
 
-
-def _whole_flags(p: argparse.ArgumentParser) -> list[str]:
-    """The whole names of the flags `p` reads (without their dashes). NB: argparse lists a parser's options only
-    through its private _actions (no public accessor)."""
-    return [o[2:] for a in p._actions for o in a.option_strings if o.startswith("--")]

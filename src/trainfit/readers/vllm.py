@@ -271,5 +271,13 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         for k, v in spec.items():
             if k != "model":
                 r.skip(f"--speculative-config {k}", v, "time only (the draft's memory is modelled)")
-    account(r, rest, NO_EFFECT, EFFECT, SHORT, gone=GONE, engine=f"vLLM {FLAGS_OF}")
+    # `vllm serve`'s parser takes any unambiguous prefix: FlexibleArgumentParser leaves allow_abbrev at argparse's
+    # default (vLLM 0.33.0 vllm/utils/argparse_utils.py:170-181; the serve subparser, entrypoints/cli/serve.py:164-170)
+    account(r, rest, NO_EFFECT, EFFECT, SHORT, abbreviated=whole_flags(parser()), gone=GONE, engine=f"vLLM {FLAGS_OF}")
     return r
+
+
+def whole_flags(p: argparse.ArgumentParser) -> list[str]:
+    """The whole names of the flags `p` reads (without their dashes). NB: argparse lists a parser's options only
+    through its private _actions (no public accessor)."""
+    return [o[2:] for a in p._actions for o in a.option_strings if o.startswith("--")]
