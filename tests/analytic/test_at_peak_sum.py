@@ -34,5 +34,7 @@ def test_at_peak_adds_up_to_the_peak(model, settings):
 
 def test_deepseek_v3_zero3_peak():
     # `trainfit estimate deepseek-v3 --stack deepspeed --dp 4 --zero 3 --seq 1024`: the breakdown was 1 byte short
+    # (then at the first layer's backward, 2,707,841,078,507; at the LM head's backward since ZeRO-3's gradient
+    # partition buffer is live from the step's start, parallel/deepspeed.py gradient_buffer_resident)
     m = estimate("deepseek-v3", stack="deepspeed", dp=4, zero=3, seq=1024).memory
-    assert m.peak == 2_707_841_078_507 == sum(m.at_peak.values())
+    assert m.peak == 2_753_262_623_744 == sum(m.at_peak.values())

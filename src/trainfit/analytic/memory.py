@@ -319,7 +319,9 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
                   "comm_buffers": ms.comm},
         gradients=ms.gradients - idle * gb,
-        accumulating=setup.grad_accum > 1,  # earlier micro-batches' gradients stay live
+        # earlier micro-batches' gradients stay live; ZeRO-3's gradient partition buffer is (parallel/deepspeed.py
+        # gradient_buffer_resident)
+        accumulating=setup.grad_accum > 1 or bool(ds and ds.grads_resident),
         head_gradients=head_params * gb_root,
         layer_gradients=(lp_trainable if setup.lora_rank else lp) * gb,
         layers=stage.layers,

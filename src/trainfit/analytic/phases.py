@@ -10,7 +10,7 @@
                    then the embedding's backward (all gradients);
   optimizer step   states + all gradients + the optimizer's temporaries.
 Gradients appear as each module's backward runs (AccumulateGrad); with gradient accumulation all of them exist
-from the start (earlier micro-batches').
+from the start (earlier micro-batches'), and so they do where the stack makes its gradient buffer before the step.
 """
 from __future__ import annotations
 
@@ -80,7 +80,9 @@ class StepBytes:
 
     resident: dict  # weights, master_weights, optimizer_states, comm_buffers: live through the step
     gradients: float  # all of this rank's gradients
-    accumulating: bool  # gradients of earlier micro-batches exist through the backward
+    # every gradient exists through the backward: earlier micro-batches', or a buffer made before the step
+    # (Megatron's contiguous grad buffer, ZeRO-3's gradient partition buffer)
+    accumulating: bool
     head_gradients: float  # gradients made by the LM head's and final norm's backward (before the layers')
     layer_gradients: float  # one layer's gradients
     layers: int  # layers on this rank

@@ -20,7 +20,8 @@ Paths are inside the deepspeed package; the defaults are stacks/deepspeed.toml f
     fp32 too, see deepspeed_states), grad_partitions_flat_buffer (n/dp in the accumulation dtype, :791), one ipg
     bucket (:782), at the backward's end the last bucket's reduce-scatter copies (reduce_scatter_copies) with the
     embedding still gathered (backward_leftovers), and at the step an fp32 gradient of the largest sub-group
-    (:1306, sub_group_size).
+    (:2686-2687, sub_group_size). The gradient partition buffer is live through the whole step, forward included
+    (gradient_buffer_resident).
   * offload optimizer: the fp32 partition, its optimizer state and its fp32 gradient partition live in host
     memory (stage_1_and_2.py:278 device='cpu', :937-941; stage3.py:1158-1160, :1338), plus a 16-bit host copy
     of the partition that the update is copied through (stage_1_and_2.py:563-571); ZeRO-3's
@@ -74,6 +75,9 @@ class DeepSpeedStates:
     staged: float = 0.0
     # the parameters still gathered when backward_end is made (None: as at the other backward moments)
     end_gathered: float | None = None
+    # every gradient byte on the device is live from the step's start, not made layer by layer in the backward
+    # (ZeRO-3's gradient partition buffer: gradient_buffer_resident)
+    grads_resident: bool = False
 
     def backward_moments(self, gathered: float) -> dict:
         """phases.StepBytes.gathered_at: what is live beside the states at each backward moment."""
@@ -98,6 +102,17 @@ def grad_bytes(setup: Setup, w: float) -> float:
     """Bytes of a gradient as ZeRO accumulates and reduces it (stacks/deepspeed.toml [grad_accum_dtype]): the model
     dtype `w` by default (engine.py:1806-1807), fp32 when set so."""
     return {"model": w, "fp32": FP32}[_fact(setup, "grad_accum_dtype")]
+
+
+def gradient_buffer_resident(setup: Setup) -> bool:
+    """ZeRO-3 makes its gradient partition buffer whole when the optimizer is built (stage3.py:791-793, torch.zeros of
+    every parameter's partition_numel, on the optimizer's device), views each parameter's partition in it
+    (:797-801), and never frees it in a step: partition_grads copies each reduced partition into its view, or adds it
+    when accumulating (:2022-2036); the step reads the views (:1424-1425 averaged_gradients) and zero_grad only
+    drops the parameters' .grad (:2370-2392). So the rank's gradient partition is live from before the first forward
+    on, not made layer by layer in the backward; on the device unless ZeRO-Offload puts the buffer on the host
+    (:333, deepspeed_states)."""
+    return setup.zero == 3 and setup.offload_state not in ("optimizer", "params")
 
 
 def ipg_buckets(setup: Setup, w: float) -> float:
@@ -226,10 +241,18 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         # bucket from construction on (stage3.py:782)
         comm, in_backward = 0.0, comm
     if z == 3:
+        # NB: a persistent parameter has its partition in the 16-bit flat partition too (partition_parameters.py:
+        # 1828-1836, a ds_tensor for every parameter), beside its whole copy: under by persistent·w/dp in forward and
+        # backward (tiny-llama on 2 ranks: 657,664 B of the ZeRO-3 bf16 backward peak's -0.06 %,
+        # bench/results/deepspeed_cpu.md); the step releases the whole copies (stage3.py:2878, gathered again at
+        # :2840-2841): over by persistent·w·(1 - 1/dp) there
         weights = part * w + persistent * w * (1 - 1 / dp)
-        grads = part * grad_bytes(setup, w)  # grad_partitions_flat_buffer (stage3.py:791)
-        # the fp32 gradient of the largest sub-group at the step (stage3.py:1306); under fp32 the step uses
-        # the flat buffer's own partition. NB: one sub-group (sub_group_size 1e9 > n/dp in every modelled case)
+        # grad_partitions_flat_buffer (stage3.py:791), live through the whole step (gradient_buffer_resident)
+        grads = part * grad_bytes(setup, w)
+        # the fp32 gradient of the sub-group at the step: its gradient views flattened, then cast (stage3.py:2686-2687).
+        # NB: the flat copy (part in the gradient dtype, live at the cast) is not counted, nor under fp32, where it is
+        # the fp32 gradient itself: under by it (3,795,200 B of tiny-llama's bf16 optimizer phase -0.30 %,
+        # bench/results/deepspeed_cpu.md). NB: one sub-group (sub_group_size 1e9 > n/dp in every modelled case)
         transient = min(part, _fact(setup, "sub_group_size")) * FP32 if low else 0.0
         backward_end = reduce_scatter_copies(n, setup, grad_bytes(setup, w))
     else:
@@ -281,7 +304,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         # the step's last moment, the all-gather of the updated 16-bit partitions: every gradient is freed by then
         transient = max(transient, allgather_flat(n, w, setup) - grads)
     return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host, in_backward,
-                           backward_end, staged, leftover * w if z == 3 else None)
+                           backward_end, staged, leftover * w if z == 3 else None, gradient_buffer_resident(setup))
 
 
 def backward_leftovers(pc: ParamCounts, setup: Setup, stage: Stage) -> float:
