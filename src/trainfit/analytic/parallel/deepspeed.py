@@ -15,13 +15,13 @@ Paths are inside the deepspeed package; the defaults are stacks/deepspeed.toml f
     model dtype, :2192); stage 1 keeps every gradient. The step flattens the partition's gradients and casts
     them to a new fp32 tensor (:3113-3118), freed after the update (:3142); the step ends with the all-gather of
     the updated partitions (:3155), into a flat buffer of the whole model under gloo (allgather_flat).
-  * stage 3: DeepSpeedZeroOptimizer_Stage3: 16-bit partitions of the parameters (parameters under
-    stage3_param_persistence_threshold elements stay whole), the fp32 partition (stage3.py:1170-1172; cloned under
-    fp32 too, see deepspeed_states), grad_partitions_flat_buffer (n/dp in the accumulation dtype, :791), one ipg
-    bucket (:782), at the backward's end the last bucket's reduce-scatter copies (reduce_scatter_copies) with the
-    embedding still gathered (backward_leftovers), and at the step an fp32 gradient of the largest sub-group
-    (:2686-2687, sub_group_size). The gradient partition buffer is live through the whole step, forward included
-    (gradient_buffer_resident).
+  * stage 3: DeepSpeedZeroOptimizer_Stage3: 16-bit partitions of every parameter, and beside them whole copies of
+    the parameters under stage3_param_persistence_threshold elements (persistent_copies), the fp32 partition
+    (stage3.py:1170-1172; cloned under fp32 too, see deepspeed_states), grad_partitions_flat_buffer (n/dp in the
+    accumulation dtype, :791), one ipg bucket (:782), at the backward's end the last bucket's reduce-scatter copies
+    (reduce_scatter_copies) with the embedding still gathered (backward_leftovers), and at the step, with the whole
+    copies released, the largest sub-group's flat gradient and its fp32 cast (:2686-2687, sub_group_size). The
+    gradient partition buffer is live through the whole step, forward included (gradient_buffer_resident).
   * offload optimizer: the fp32 partition, its optimizer state and its fp32 gradient partition live in host
     memory (stage_1_and_2.py:278 device='cpu', :937-941; stage3.py:1158-1160, :1338), plus a 16-bit host copy
     of the partition that the update is copied through (stage_1_and_2.py:563-571); ZeRO-3's
@@ -127,11 +127,11 @@ def ipg_buckets(setup: Setup, w: float) -> float:
 
 def persistent_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) -> float:
     """Elements ZeRO-3 leaves whole on every rank: each parameter of at most stage3_param_persistence_threshold
-    elements (parameter_offload.py:187, :315-328 mark_persistent_parameters: ds_numel <= threshold). A model the
+    elements (parameter_offload.py:187, :317-335 mark_persistent_parameters: ds_numel <= threshold). A model the
     replay lays out (zero3_replay.hf_model) is taken tensor by tensor: the norms, and in a small model its small
     projections too (tiny-llama's q/k/v/o: 65,536 and 16,384 elements). NB: biases are not in that layout (under-
-    counts by their (1 - 1/dp) share, a few hidden-sized vectors per layer); another model: its layer norms and
-    final norm only."""
+    counts by their whole copies, a few hidden-sized vectors per layer); another model: its layer norms and final
+    norm only."""
     thr = _fact(setup, "stage3_param_persistence_threshold")
     if zero3_replay.replayable(spec):
         model = _model(spec, pc, spec.family in setup.stack_facts.fact("leaf_module", "families"))
@@ -144,6 +144,22 @@ def persistent_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Sta
     norms = pc.norms if pc.norms <= thr else 0
     final = pc.final if (stage.head and pc.final <= thr) else 0
     return stage.layers * norms + final
+
+
+def persistent_copies(persistent: float, setup: Setup, w: float) -> float:
+    """Bytes of the whole copies of ZeRO-3's `persistent` parameters, beside their partitions. Every parameter is
+    partitioned when the engine converts the model (parameter_offload.py:180 _convert_to_zero_parameters ->
+    partition_parameters.py:1818-1846, a ds_tensor of ceil(numel / dp) elements each) before the small ones are
+    marked persistent (parameter_offload.py:189-190), and the optimizer flattens every trainable parameter's
+    ds_tensor into its 16-bit partition (stage3.py:944, :967-973; on the host under offload_param, :977-998): a
+    persistent parameter keeps its partition there. Its whole copy is gathered beside it, by the first forward and
+    again at each step's end (stage3.py:2840-2841 -> partition_parameters.py:1757 _allgather_params_coalesced,
+    :2052 torch.empty of the whole numel), and never released in forward or backward (partitioned_param_coordinator.py:
+    638-640: not ds_persist). On one rank the gather is the partition moved to the device (partition_parameters.py:
+    2029-2030 -> :104-106 .to(device)): no copy unless offload_param holds the partition on the host."""
+    if setup.dp > 1 or setup.offload_state == "params":
+        return persistent * w
+    return 0.0
 
 
 def registration_order(spec: ModelSpec, pc: ParamCounts, setup: Setup) -> list[int] | None:
@@ -194,13 +210,14 @@ def partition_grad_elements(spec: ModelSpec, pc: ParamCounts, setup: Setup, n: f
 
 def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Setup, persistent: float = 0.0,
                      largest: float = 0.0, tensors: int = 0, leftover: float = 0.0,
-                     kept: float | None = None) -> DeepSpeedStates:
+                     kept: float | None = None, frozen_persistent: float = 0.0) -> DeepSpeedStates:
     """n: parameters on this rank before ZeRO; optimizer_bytes: their unsharded optimizer state (fp32 states:
     the ZeRO optimizers hand the client optimizer the fp32 partition); persistent: ZeRO-3's whole small
     parameters; largest: the largest parameter (ZeRO-Offload stages its gradient through a buffer of it, the
     clip's norm casts it); tensors: the parameter tensors (the clip's per-tensor norms); leftover: ZeRO-3's
     parameters still gathered at the backward's end (backward_leftovers); kept: ZeRO-1/2's gradient elements
-    in the rank's partition buffer (partition_grad_elements; None: n/dp)."""
+    in the rank's partition buffer (partition_grad_elements; None: n/dp); frozen_persistent: a LoRA base's whole
+    small parameters (counted in lora_frozen), which ZeRO-3's step releases with the rest."""
     dp, z = setup.dp, setup.zero
     w = st.weight  # the model dtype: 2 under bf16/fp16-master, 4 under fp32
     low = st.master > 0  # a 16-bit model with fp32 masters
@@ -241,20 +258,19 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         # bucket from construction on (stage3.py:782)
         comm, in_backward = 0.0, comm
     if z == 3:
-        # NB: a persistent parameter has its partition in the 16-bit flat partition too (partition_parameters.py:
-        # 1828-1836, a ds_tensor for every parameter), beside its whole copy: under by persistent·w/dp in forward and
-        # backward (tiny-llama on 2 ranks: 657,664 B of the ZeRO-3 bf16 backward peak's -0.06 %,
-        # bench/results/deepspeed_cpu.md); the step releases the whole copies (stage3.py:2878, gathered again at
-        # :2840-2841): over by persistent·w·(1 - 1/dp) there
-        weights = part * w + persistent * w * (1 - 1 / dp)
+        # the 16-bit partition of every parameter, persistent ones included, and the persistent whole copies
+        weights = part * w + persistent_copies(persistent, setup, w)
+        gb = grad_bytes(setup, w)
         # grad_partitions_flat_buffer (stage3.py:791), live through the whole step (gradient_buffer_resident)
-        grads = part * grad_bytes(setup, w)
-        # the fp32 gradient of the sub-group at the step: its gradient views flattened, then cast (stage3.py:2686-2687).
-        # NB: the flat copy (part in the gradient dtype, live at the cast) is not counted, nor under fp32, where it is
-        # the fp32 gradient itself: under by it (3,795,200 B of tiny-llama's bf16 optimizer phase -0.30 %,
-        # bench/results/deepspeed_cpu.md). NB: one sub-group (sub_group_size 1e9 > n/dp in every modelled case)
-        transient = min(part, _fact(setup, "sub_group_size")) * FP32 if low else 0.0
-        backward_end = reduce_scatter_copies(n, setup, grad_bytes(setup, w))
+        grads = part * gb
+        # the sub-group's gradient views flattened into a new tensor in the gradient dtype, then cast to a new fp32
+        # tensor (stage3.py:2686-2687), both live at the cast; where the gradients are fp32 (fp32, grad_accum_dtype
+        # fp32) the cast is the flat itself. Freed after the sub-group's update (:2927 -> :2735); under ZeRO-Offload
+        # the step makes neither (:2706-2707: the fp32 gradient is already on the host), transient 0 below.
+        # NB: one sub-group (sub_group_size 1e9 > n/dp in every modelled case)
+        flat = min(part, _fact(setup, "sub_group_size"))
+        transient = flat * gb + (flat * FP32 if gb < FP32 else 0.0)
+        backward_end = reduce_scatter_copies(n, setup, gb)
     else:
         weights = n * w  # bit16_groups_flat (stage_1_and_2.py:509)
         kept = part if kept is None else kept  # grads_in_partition's whole parameters (partition_grad_elements)
@@ -273,6 +289,16 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
     # not counted
     dropped = (n - kept) * w if z == 1 else 0.0  # (kept: set with the ZeRO-1/2 gradients above)
     transient = max(transient, clip_work(setup, st, part, tensors, largest).temporaries - dropped)
+    if z == 3:
+        # ZeRO-3's step first releases every gathered parameter, the persistent whole copies too (stage3.py:2878
+        # _partition_all_parameters -> parameter_offload.py:242 -> partitioned_param_coordinator.py:537-546
+        # release_and_reset_all, :629 param.partition), before the norm (stage3.py:2886) and the sub-groups' update
+        # (:2910-2927), and gathers them again in _post_step (:2931 -> :2840-2841), after the fp32 gradient is freed:
+        # the norm and the cast run without them, and the step's start, with them, adds nothing to the states (0).
+        # NB: the re-gather's own collective buffers (partition_parameters.py:2022-2090) are not counted: under by
+        # them where they outgrow the cast's moment
+        released = persistent_copies(persistent + frozen_persistent, setup, w)
+        transient = max(0.0, transient - released)
     if off_opt:
         # host: fp32 partition, its optimizer state, its fp32 gradient, the 16-bit copy buffer
         host = master + opt + part * FP32 + (part * w if z < 3 else 0.0)
@@ -376,13 +402,14 @@ def lora_frozen(spec: ModelSpec, setup: Setup, st: StateBytes, n_base: float, pe
     is_optimized_parameter), so the frozen base stays whole on every rank with no fp32 master; ZeRO-3 converts
     every module parameter to a partitioned one (parameter_offload.py:258-263 _convert_to_zero_parameters) but
     makes fp32 partitions of the trainable groups only (stage3.py:440-443, :726-735): the base is partitioned in
-    the model dtype, its small tensors (`persistent`: stage3_param_persistence_threshold) whole. A bitsandbytes
-    base (--quant): ZeRO-3 partitions the packed codes stored in a float dtype (bnb_4bit_quant_storage, as HF's
-    DeepSpeed ZeRO-3 + QLoRA recipe sets it), the quant state whole (analytic/lora.py quant_delta)."""
+    the model dtype, its small tensors (`persistent`: stage3_param_persistence_threshold) whole beside their
+    partitions (persistent_copies). A bitsandbytes base (--quant): ZeRO-3 partitions the packed codes stored in a
+    float dtype (bnb_4bit_quant_storage, as HF's DeepSpeed ZeRO-3 + QLoRA recipe sets it), the quant state whole
+    (analytic/lora.py quant_delta)."""
     from ..lora import quant_delta
 
     w, z = st.weight, setup.zero
-    frozen = n_base * w / setup.dp + persistent * w * (1 - 1 / setup.dp) if z >= 3 else n_base * w
+    frozen = n_base * w / setup.dp + persistent_copies(persistent, setup, w) if z >= 3 else n_base * w
     if setup.quant:
         frozen += quant_delta(spec, setup, sharded=z >= 3)
     return frozen
