@@ -4,7 +4,8 @@
     analytic peak within 1 %, CUDA and CPU semantics;
   * hand counts of the sharded bytes from the model's dimensions: a QLoRA base under FSDP2 (packed codes sharded,
     quant state whole per rank) and a LoRA model under DeepSpeed ZeRO-3 (frozen base partitioned in bf16, adapters
-    in bf16 with fp32 master partitions, small tensors whole);
+    in bf16 with fp32 master partitions, small tensors whole), and of the re-run's down projection matmul under full
+    recomputation on oneDNN's bf16 CPU path;
   * one-line refusals (exit 2) of what is not modelled or not run.
 """
 from __future__ import annotations
@@ -50,9 +51,33 @@ def test_lora_under_fsdp2_within_1_percent_of_the_traced_step():
                                                      (2, "cuda", "none"), (2, "cpu", "none"), (3, "cpu", "full"),
                                                      (3, "cpu", "none")])
 def test_lora_under_fsdp2_more_cases(zero, device, recompute):
-    """Measured: +0.75 % (ZeRO-1: DDP + ZeroRedundancyOptimizer), -0.97 %, -0.34 %, +0.15 % (CUDA), -0.47 %, -0.53 %,
-    +0.03 % (CPU)."""
+    """Measured: +0.75 % (ZeRO-1: DDP + ZeroRedundancyOptimizer), -0.97 %, -0.34 %, +0.15 % (CUDA), -0.47 %,
+    -0.72 % on AVX512-BF16 (at the re-run's down projection matmul: test_rerun_down_matmul_on_onednns_path) and -0.53 %
+    under ONEDNN_MAX_CPU_ISA=AVX2, +0.03 % (CPU)."""
     _vs_trace(zero, device, recompute)
+
+
+def test_rerun_down_matmul_on_onednns_path(monkeypatch):
+    """Full recomputation on a CPU on oneDNN's bf16 path: the re-run forward's down projection matmul is a backward
+    high point (backward._rerun_down_gemm), where the trace of the 2-rank ZeRO-3 step peaks on an AVX512-BF16 CPU.
+    Beside the layer's saved set (less lora_A's outputs, made after the matmul) and the incoming gradient: the mid
+    residual, the matmul's output, the `* scaling` multiply's gradient (made before lora_B's unpack starts the
+    re-run) and oneDNN's scratch for 128 x 512 . 512 x 128 on avx512_core_bf16 at 2 threads (onednn.matmul_scratch,
+    equal to the trace's probe). Without the path (AVX2) there is no scratch and no such moment."""
+    from trainfit.analytic import backward, onednn
+    from trainfit.analytic.precision import state_bytes
+
+    for var in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    s = tiny(zero=3, device="cpu", recompute="full")
+    tokens, a, h, r = 2 * 64, 2, 128, 8  # bf16 activations and adapters (FSDP2's param_dtype)
+    zen4 = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16"})
+    monkeypatch.setattr(onednn, "_cpuinfo_flags", lambda: zen4)
+    assert backward._rerun_down_gemm(SPEC, s, state_bytes(s), tokens, 0.0, 0.0) == \
+        [backward.Moment(3 * a * h * tokens + 198_272, 0.0, a * r * tokens)]
+    monkeypatch.setattr(onednn, "_cpuinfo_flags", lambda: frozenset({"avx2"}))
+    assert backward._rerun_down_gemm(SPEC, s, state_bytes(s), tokens, 0.0, 0.0) == []
 
 
 @pytest.mark.parametrize("kbit_prep, rest_bytes", [("none", 2), ("peft", 4)])

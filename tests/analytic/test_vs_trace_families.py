@@ -10,8 +10,8 @@ term shows. The families come from the catalog files: a new family is covered wh
 CPU semantics depend on the CPU: where oneDNN has a 16-bit matmul path (AVX-512, AVX2-VNNI-2, unless
 ONEDNN_MAX_CPU_ISA caps it) the trace's probe counts the scratch each bf16 matmul allocates inside the op, and the
 analytic engine counts the same by its mechanism (analytic/onednn.py; the matmuls where the peak can fall:
-inference._prefill_gemms, backward._down_backward_gemms). The same cases, same tolerance, on every CPU: CI runs this
-file on its machine's own ISA and again with ONEDNN_MAX_CPU_ISA=AVX2 (.ci/run).
+inference._prefill_gemms, backward._down_backward_gemms, backward._rerun_down_gemm). The same cases, same tolerance,
+on every CPU: CI runs this file on its machine's own ISA and again with ONEDNN_MAX_CPU_ISA=AVX2 (.ci/run).
 """
 from __future__ import annotations
 

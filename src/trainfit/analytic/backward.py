@@ -17,7 +17,8 @@ gradient. The high points read off traced steps:
   flash      (16-bit on CUDA) FlashAttention-2's backward scratch beside dq, dk, dv, the MLP's saved tensors freed: the
              high point of a layer whose MLP is tiled (--tiled-mlp: one slice's MLP-width gradients at a time);
   recompute  with full recomputation, the end of the layer's re-run forward: all its saved tensors again, plus its
-             output (discarded) and the incoming gradient.
+             output (discarded) and the incoming gradient; on a CPU on oneDNN's 16-bit path, earlier, inside the
+             re-run's down projection matmul, beside its scratch.
 NB: moment not modelled, an under-count where it sets the peak (tests/analytic/test_vs_trace_families.py lists the
 cases): the CPU math path's re-run attention backward under full recomputation (DeepSeek-V2's MLA).
 NB: moment over-counted: a recomputed layer's fork_rng copy of the CPU RNG state (torch/utils/checkpoint.py:
@@ -34,7 +35,7 @@ from .liger import swiglu_on
 from .long_context import tiled_mlp_on, tiled_mlp_shards
 from . import clamped_swiglu as swiglu
 from . import sink_attention as sinks
-from . import kbit_prep
+from . import kbit_prep, lora
 from .families import family_traits
 from .parallel.expert_memory import dispatch_bytes
 from .precision import StateBytes
@@ -156,6 +157,10 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
                           post_norm + post_ff + out_cast)]
         moments += _down_backward_gemms(spec, setup, st, tokens, recomputed + incoming + drop_grad,
                                         post_norm + post_ff)
+        if setup.recompute == "full" and not tiled_mlp_on(setup):
+            mask_after = dropout_mask_bytes(setup, a) * h * tokens / sp if p_resid > 0 else 0
+            moments += _rerun_down_gemm(spec, setup, st, tokens, recomputed + incoming,
+                                        post_norm + post_ff + mask_after)
         # (b) the activation's backward: the dropout's input gradient went with the down projection's backward
         # (its only reader; GPT2MLP.forward runs dropout(c_proj(...)), transformers/models/gpt2/modeling_gpt2.py:
         # 240-245), so of the dropout only its freed mask (CPU: the noise, Dropout.cpp's input * noise) is left in
@@ -272,8 +277,9 @@ def _down_backward_gemms(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: 
     output, as moment (a), its weight cast (autocast) not freed yet; the weight gradient comes out in the matmul's
     dtype (autocast copies it to fp32 after). Frozen weights (LoRA) make no weight gradient.
     NB: the other layer matmuls' backward (q/k/v/o, gate/up; MoE experts, shared experts) and the forward's are not
-    moments here (the LM head's are: loss.head_matmuls): an under-count where the peak falls inside one on a CPU that
-    takes oneDNN's path (none in the families matrix on AVX512-BF16 or, capped, AVX-512 without BF16)."""
+    moments here (the LM head's are: loss.head_matmuls; the re-run forward's down projection: _rerun_down_gemm): an
+    under-count where the peak falls inside one on a CPU that takes oneDNN's path (none in the families matrix on
+    AVX512-BF16 or, capped, AVX-512 without BF16)."""
     from .onednn import gemm_scratch  # noqa: PLC0415
 
     if setup.quant:  # frozen 4-bit weights: dequantised per call (quant.py), not modelled here
@@ -293,6 +299,42 @@ def _down_backward_gemms(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: 
     if spec.mlp_bias:  # addmm: the input gradient, then the weight gradient
         return [Moment(base + in_grad + s_in, 0.0, freed), Moment(base + in_grad + w_grad + s_w, 0.0, freed)]
     return [Moment(base + w_grad + s_w, 0.0, freed), Moment(base + w_grad + in_grad + s_in, 0.0, freed)]
+
+
+def _rerun_down_gemm(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, base: float,
+                     freed: float) -> list[Moment]:
+    """Under full recomputation, inside the re-run forward's down projection matmul (x·Wᵀ: tokens × width · width ×
+    h, W transposed) with oneDNN's scratch (onednn.py; none off that path, where this stays below the end of the
+    re-run). The re-run starts when the layer's first backward node unpacks a saved tensor (torch 2.13 torch/utils/
+    checkpoint.py:1165-1186 unpack_hook runs recompute_fn) and reaches this matmul with the layer's whole saved set
+    made but what comes after it (`freed`: a dropout's mask, BERT's post-norm, Gemma-2's post-feed-forward norm),
+    beside the incoming gradient, the mid residual the MLP's residual add holds (modeling_llama.py:311-314; already
+    in the saved set where the MLP's norm saves its input) and the matmul's output (the row-parallel partial: h
+    wide). With a LoRA adapter on the down projection (peft 0.21 tuners/lora/layer.py:1089-1102, `result +
+    lora_B(lora_A(dropout(x))) * scaling`) the `* scaling` multiply's backward, which saves nothing, has run first
+    and made its gradient (compute dtype) before lora_B's unpack starts the re-run; lora_A's r outputs are made
+    after the matmul (read off the trace of a 2-layer LoRA Llama under FSDP2, amp-bf16, CPU: the step's high
+    point, 198,272 B of scratch).
+    NB: the re-run's other matmuls (q/k/v/o, gate/up, the adapters') are not moments: an under-count where one of
+    them sets the peak; DoRA's down path is taken as LoRA's (unverified, direction unknown)."""
+    from .onednn import gemm_scratch  # noqa: PLC0415
+    from .recompute import _saves_its_input  # noqa: PLC0415 (recompute imports this module)
+
+    if setup.quant:  # frozen 4-bit weights: dequantised per call (quant.py), not modelled here
+        return []
+    t, h, a = setup.tp, spec.hidden, st.act
+    width = spec.intermediate / t
+    scratch = gemm_scratch(setup, tokens, width, h, transposed_b=not family_traits(spec)["conv1d_weights"])
+    if not scratch:
+        return []
+    sp = t if setup.sequence_parallel else 1
+    mid = 0 if _saves_its_input(spec, setup, st) else st.residual * h * tokens / sp
+    extra = mid + a * h * tokens + scratch
+    if setup.lora_rank and "down_proj" in lora.targets(spec, setup):
+        extra += a * h * tokens  # the `* scaling` multiply's gradient
+        # lora_A's outputs, in its input's dtype as lora.layer_saved_delta counts them
+        freed += (a if st.autocast else st.param or lora.adapter_bytes(setup)) * setup.lora_rank * tokens
+    return [Moment(base + extra, 0.0, freed)]
 
 
 def _q_norm_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, keys: float, moe: bool,

@@ -106,7 +106,12 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
     needing its gradient, as in every layer past the first).
     NB: without checkpointing the frozen embedding's output needs no gradient, so the first layer's frozen q/k/v
     keep nothing at all (not even their weight casts under autocast): over-estimates by about that one layer's
-    share (+0.6% on a 2-layer tiny Llama under amp-bf16, 1/L of it on deeper models)."""
+    share (+0.6% on a 2-layer tiny Llama under amp-bf16, 1/L of it on deeper models).
+    NB: without autocast, where o_proj's input is the attention kernel's saved output (_kept_by_attention) `full`
+    drops it though SDPA still saves it: under-counts a·q_dim a token and layer (32,768 B a layer on
+    tests/analytic/test_lora_sharded.py's tiny Llama under FSDP2 on CPU, read off its trace: -0.71 % of the -0.72 %
+    its ZeRO-3 full-recompute case reads on AVX512-BF16); without checkpointing the first layer's over-count above
+    offsets it."""
     st = state_bytes(setup)
     # the adapters' dtype in the forward: FSDP2's MixedPrecisionPolicy gathers them in param_dtype like every
     # parameter of the group (torch/distributed/fsdp/_fully_shard/_fsdp_param.py init_dtype_attrs), so
