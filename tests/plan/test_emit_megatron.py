@@ -481,3 +481,21 @@ def test_router_weights_are_the_models_own(name):
     want = top / top.sum(-1, keepdim=True) if renormalised else top
     expected = torch.zeros_like(full).scatter(1, index, want)
     torch.testing.assert_close(probs.to(torch.float64), expected)
+
+
+def test_gpt_oss_router_runs_no_load_balancing_loss():
+    """Megatron-Bridge's GPT-OSS provider sets moe_router_load_balancing_type "none" (Megatron-Bridge v0.2.0
+    src/megatron/bridge/models/gpt_oss/gpt_oss_provider.py:75), so its TopKRouter runs none of the loss's kernels
+    (megatron-core 0.16.1 router.py:253-273, :598): the op list the megatron stack times has no aux-loss ops for
+    gpt-oss (they were timed: 0.519 s a step of gpt-oss-120b at EP 8 on B200s, now 0.507 s), and keeps them for the
+    providers that run the loss (Qwen3-MoE); the emitted command writes the loss only where it is timed."""
+    from trainfit.analytic.ops.megatron_moe import router_ops
+    from trainfit.analytic.ops.shape import shape_of
+    from trainfit.analytic.precision import state_bytes
+
+    s = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, seq=4096, zero=1)
+    for name, runs in (("gpt-oss-120b", False), ("qwen3-30b-a3b", True)):
+        spec = load_model(name)
+        names = {op.name for op in router_ops(spec, shape_of(spec, s, state_bytes(s), "bf16"))}
+        assert ("router_aux_loss" in names) == runs, (name, names)
+    assert "--moe-aux-loss-coeff" in emit("megatron", s, load_model("qwen3-30b-a3b"), 8)

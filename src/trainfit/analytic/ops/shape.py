@@ -57,7 +57,7 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  mx_casts=tuple(facts.get("low_precision", {}).get("mx_cast_kernels", {}).get(
                      getattr(setup, "mx_scale", "floor"), ())) if lp == "mxfp8" and not te else (),
                  moe_block=facts.get("moe", {}).get("block", "transformers"),
-                 moe_aux_loss=facts.get("moe", {}).get("aux_loss", False),
+                 moe_aux_loss=aux_loss_runs(spec, facts),
                  moe_load=busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp),
                  moe_force_balance=bool(getattr(setup, "moe_force_balance", False)),
                  moe_gemm_streams=int(facts.get("moe", {}).get("gemm_streams", 0)),
@@ -72,6 +72,14 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
 # The fields only the sparse MoE block reads (ops/layer.py MOE_BLOCKS: ops/moe.py, ops/megatron_moe.py)
 MOE_ONLY = ("ep", "moe_block", "moe_aux_loss", "moe_load", "moe_force_balance", "moe_gemm_streams", "expert_tp")
 _MOE_DEFAULTS = {f.name: f.default for f in fields(Shape) if f.name in MOE_ONLY}
+
+
+def aux_loss_runs(spec: ModelSpec, facts: dict) -> bool:
+    """Whether the stack's router runs its load-balancing loss for this model: the stack's [moe] aux_loss, but for the
+    families it lists as running none (no_aux_loss_families: Megatron-Bridge's gpt-oss provider). One rule for the
+    timed op list and for the launch config written (plan/emit_megatron.py)."""
+    moe = facts.get("moe", {})
+    return bool(moe.get("aux_loss", False)) and spec.family not in moe.get("no_aux_loss_families", ())
 
 
 def without_moe(sh: Shape) -> Shape:
