@@ -272,10 +272,13 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
         # QLoRA under FSDP / ZeRO-3, with recompute: how a model too large for its GPUs is fine-tuned), each bundle
         # at the least sharding that fits it: more ZeRO on the ranks given, else the fewest ranks with ZeRO-3 (FSDP).
         # Bundles that add GPUs only where no change fits the GPUs given (the question is those GPUs; sharding alone
-        # is always shown), and none that fits unsharded; the sharding is one knob (SHARD) to _ranked, so a bundle is
-        # kept beside a fitting subset of it only where faster
+        # is always shown, with recompute where alone it fits nowhere), and none that fits unsharded; the sharding is
+        # one knob (SHARD) to _ranked, so a bundle is kept beside a fitting subset of it only where faster
         given = s.dp > 1 or not any(x.gpus == s.world_size for x in found)
-        for combo in [(), *(_combinations(ks, MAX_KNOBS - 1) if given else ())]:
+        bundles = _combinations(ks, MAX_KNOBS - 1) if given else [(k,) for k in ks if k.group == "recompute"]
+        for combo in [(), *bundles]:
+            if combo and not given and any(SHARD in x.knobs for x in found):
+                break  # (sharding alone fits: more GPUs, no more knobs)
             changes, flags = _merged(combo), "".join(" " + k.flags for k in combo)
             if combo and j.fits(**changes):
                 continue
