@@ -322,7 +322,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         gradients=ms.gradients - idle * gb,
         # earlier micro-batches' gradients stay live; ZeRO-3's gradient partition buffer is (parallel/deepspeed.py
         # gradient_buffer_resident)
-        accumulating=setup.grad_accum > 1 or bool(ds and ds.grads_resident),
+        accumulating=setup.grad_accum > 1 or (ds is not None and ds_zero.gradient_buffer_resident(setup)),
         head_gradients=head_params * gb_root,
         layer_gradients=(lp_trainable if setup.lora_rank else lp) * gb,
         layers=stage.layers,

@@ -232,7 +232,8 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     argv = ["--config", str(path)] if bare else split(text, str(path), lambda w: w == "serve")[1]
     argv, config = with_config(model_first(argv), path, needs_model=not bare)
     r = Reading(f"{path} (vLLM {FLAGS_OF} serve flags, argparse{f'; --config {config}' if config else ''})")
-    a, rest = parse_flags(parser(), flexible(argv, str(path)), path)
+    p = parser()
+    a, rest = parse_flags(p, flexible(argv, str(path)), path)
     r.model = a.model_tag or a.model  # (the positional first: vllm/entrypoints/cli/serve.py:55-57)
     r.set("mode", "serve", "vllm serve")
     r.set("server", "vllm", "vllm serve")
@@ -273,7 +274,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
                 r.skip(f"--speculative-config {k}", v, "time only (the draft's memory is modelled)")
     # `vllm serve`'s parser takes any unambiguous prefix: FlexibleArgumentParser leaves allow_abbrev at argparse's
     # default (vLLM 0.33.0 vllm/utils/argparse_utils.py:170-181; the serve subparser, entrypoints/cli/serve.py:164-170)
-    account(r, rest, NO_EFFECT, EFFECT, SHORT, abbreviated=whole_flags(parser()), gone=GONE, engine=f"vLLM {FLAGS_OF}")
+    account(r, rest, NO_EFFECT, EFFECT, SHORT, abbreviated=whole_flags(p), gone=GONE, engine=f"vLLM {FLAGS_OF}")
     return r
 
 

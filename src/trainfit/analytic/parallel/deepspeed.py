@@ -75,9 +75,6 @@ class DeepSpeedStates:
     staged: float = 0.0
     # the parameters still gathered when backward_end is made (None: as at the other backward moments)
     end_gathered: float | None = None
-    # every gradient byte on the device is live from the step's start, not made layer by layer in the backward
-    # (ZeRO-3's gradient partition buffer: gradient_buffer_resident)
-    grads_resident: bool = False
 
     def backward_moments(self, gathered: float) -> dict:
         """phases.StepBytes.gathered_at: what is live beside the states at each backward moment."""
@@ -330,7 +327,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         # the step's last moment, the all-gather of the updated 16-bit partitions: every gradient is freed by then
         transient = max(transient, allgather_flat(n, w, setup) - grads)
     return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host, in_backward,
-                           backward_end, staged, leftover * w if z == 3 else None, gradient_buffer_resident(setup))
+                           backward_end, staged, leftover * w if z == 3 else None)
 
 
 def backward_leftovers(pc: ParamCounts, setup: Setup, stage: Stage) -> float:
