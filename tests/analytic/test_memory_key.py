@@ -36,3 +36,14 @@ def test_memory_is_the_same_under_every_dispatcher_and_schedule():
             m = train_memory(spec, s, pc)
             seen.add((m.peak, m.phases["backward"], required(spec, s, m, pc), capacity(gpu, s)))
         assert len(seen) == 1, (lay, seen)
+    # torchtitan's DeepEP backend: its memory counted as its all-to-all's (parallel/expert_memory.py NB)
+    spec = load_spec("deepseek-v2-lite")
+    pc = count_params(spec)
+    for rec in ("none", "op"):
+        seen = set()
+        for how in (None, "deepep"):
+            s = planned_setup(spec, seq=4096, batch=2, stack="torchtitan", precision="amp-bf16", zero=3, dp=8, ep=8,
+                              recompute=rec, moe_dispatcher=how)
+            m = train_memory(spec, s, pc)
+            seen.add((m.peak, m.phases["backward"], required(spec, s, m, pc), capacity(gpu, s)))
+        assert len(seen) == 1, (rec, seen)

@@ -3,6 +3,7 @@ flavors' shapes), its GroupedExperts (the routed experts' parameters), its Paral
 ep / etp layouts it builds, under a fake process group), and its ConfigManager (the emitted job)."""
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -225,3 +226,118 @@ def test_emitted_ep_job_parses_with_torchtitans_config_manager(tmp_path):
         p = cfg.parallelism
         assert (p.expert_parallel_degree, p.expert_tensor_parallel_degree) == (s.ep, etp)
         assert (p.data_parallel_shard_degree, p.tensor_parallel_degree) == (s.dp, s.tp)
+
+
+# -- DeepEP (parallelism.expert_parallel_comm_backend "deepep") ---------------------------------------------------
+def test_deepep_backend_is_torchtitans_own_choice():
+    """torchtitan 0.2.2's JobConfig takes "standard" or "deepep" (the [moe] dispatchers trainfit lets through:
+    alltoall and deepep); its deepseek_v3 model args read the backend into moe_impl, its qwen3 model args have no such
+    field (the qwen3 MoE ignores the backend: refused there)."""
+    _torchtitan()
+    import typing
+
+    from torchtitan.config import JobConfig
+    from torchtitan.models.deepseek_v3 import deepseekv3_args
+    from torchtitan.models.qwen3 import qwen3_args
+
+    from trainfit.analytic.stacks import model_named
+
+    hints = typing.get_type_hints(type(JobConfig().parallelism))
+    assert set(typing.get_args(hints["expert_parallel_comm_backend"])) == {"standard", "deepep"}
+    assert get_stack("torchtitan").facts["moe"]["dispatchers"] == ["alltoall", "deepep"]
+    job = JobConfig()
+    job.parallelism.expert_parallel_comm_backend = "deepep"
+    ds = copy.deepcopy(deepseekv3_args["16B"])  # (the registry's own entry left as it is)
+    ds.update_from_config(job)
+    assert ds.moe_impl == "deepep"
+    assert not hasattr(qwen3_args["30B-A3B"], "moe_impl")
+    kw = dict(stack="torchtitan", dp=8, zero=3, ep=8, moe_dispatcher="deepep")
+    model_named("torchtitan").check_model(load_spec(DSV3_16B), Setup(**kw))
+    with pytest.raises(SetupError, match="standard MoE"):
+        model_named("torchtitan").check_model(load_spec("qwen3-30b-a3b"), Setup(**kw))
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(dp=8, zero=3, ep=8, moe_dispatcher="allgather"), "standard .an all-to-all. or deepep"),
+    (dict(dp=8, zero=3, ep=8, moe_dispatcher="hybridep"), "standard .an all-to-all. or deepep"),
+    (dict(dp=8, zero=3, tp=2, ep=8, moe_dispatcher="deepep", sequence_parallel=True), "reorderer"),
+    (dict(dp=8, zero=3, moe_dispatcher="deepep"), "needs --ep > 1"),
+    (dict(dp=8, zero=3, ep=8, moe_dispatcher="deepep", moe_dispatcher_sms=24), "not run by --stack torchtitan"),
+])
+def test_deepep_layouts_torchtitan_refuses(kw, words):
+    with pytest.raises(SetupError, match=words):
+        Setup(stack="torchtitan", **kw)
+
+
+def test_deepep_group_sizes_are_deepeps():
+    """DeepEP's Buffer.get_dispatch_config asserts the group size is one of its tuned configs (2 … 160 ranks): an
+    EP 256 DeepEP group stops at start-up on either stack; Buffer.set_num_sms asserts an even SM count."""
+    Setup(stack="torchtitan", dp=128, zero=3, ep=128, moe_dispatcher="deepep")
+    with pytest.raises(SetupError, match="DeepEP runs groups of"):
+        Setup(stack="torchtitan", dp=256, zero=3, ep=256, moe_dispatcher="deepep")
+    with pytest.raises(SetupError, match="DeepEP runs groups of"):  # Megatron's group is etp × ep
+        Setup(stack="megatron", precision="bf16-master", dp=256, tp=2, ep=128, moe_dispatcher="deepep",
+              sequence_parallel=True)
+    Setup(stack="megatron", precision="bf16-master", dp=256, tp=2, ep=64, moe_dispatcher="deepep",
+          sequence_parallel=True)
+    with pytest.raises(SetupError, match="even SM count"):
+        Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, moe_dispatcher="deepep", moe_dispatcher_sms=21)
+
+
+def test_deepep_memory_is_counted_as_the_all_to_alls_an_over_count():
+    """The planner judges a group's memory once for all its dispatchers (memory.NOT_IN_MEMORY), so DeepEP's buffers
+    are counted as the all-to-all's: two tokens·top_k × dim copies stored per MoE layer under --recompute op. DeepEP
+    stores fewer (the NB's direction), by hand for DeepSeek-V2-Lite (64 experts, top-6) on 8 ranks at 4 × 4096
+    tokens: the dispatch's received rows, one per token and rank reached, 8 × (1 − C(56, 6)/C(64, 6)) ≈ 4.54 a token
+    with their int64 indices and fp32 scores, and the combine's one row a token."""
+    spec = load_spec(DSV3_16B)
+    tokens = 4 * 4096
+    kw = dict(stack="torchtitan", dp=8, zero=3, ep=8, batch=4, seq=4096, recompute="op")
+    counted = sac_saved_all_to_all(spec, Setup(moe_dispatcher="deepep", **kw), tokens, 2)
+    assert counted == sac_saved_all_to_all(spec, Setup(**kw), tokens, 2) == 2 * tokens * 6 * 2048 * 2
+    miss = (56 * 55 * 54 * 53 * 52 * 51) / (64 * 63 * 62 * 61 * 60 * 59)
+    received = tokens * 8 * (1 - miss)
+    deepeps = (received + tokens) * 2048 * 2 + received * 6 * (8 + 4)
+    assert 0.45 < deepeps / counted < 0.5  # the over-count: about twice DeepEP's
+
+
+def test_deepep_sends_each_token_once_per_node_over_rdma():
+    """The exchange over 16 ranks on two 8-GPU H100 nodes: the all-to-all sends every top-k copy bound for the other
+    node through its NICs (T·k·(8/16) token rows), DeepEP each token once to the other node it reaches
+    (T·(1 − C(32, 6)/C(64, 6))·(1/2) rows: the other node missed iff all six experts sit on this one); torchtitan's
+    DeepEP runs on its Buffer's default 20 SMs."""
+    from trainfit.analytic.parallel.collectives import Links
+    from trainfit.analytic.parallel.expert import exchange_seconds, exchange_sms
+    from trainfit.hardware import get_gpu
+
+    spec = load_spec(DSV3_16B)
+    gpu = get_gpu("H100-80GB")
+    kw = dict(stack="torchtitan", dp=16, zero=3, ep=16, batch=4, seq=4096)
+    tokens, tb = 4 * 4096, 2048 * 2
+    links = Links.of(gpu)
+    a2a = exchange_seconds(spec, Setup(**kw), links, tokens, 2)
+    deepep = exchange_seconds(spec, Setup(moe_dispatcher="deepep", **kw), links, tokens, 2)
+    assert a2a == pytest.approx(tokens * 6 * tb * 8 / 16 / links.inter, rel=1e-9)  # the NIC side is the longer
+    miss = (32 * 31 * 30 * 29 * 28 * 27) / (64 * 63 * 62 * 61 * 60 * 59)
+    rdma = tokens * tb * 2 * (1 - miss) * (1 / 2) / links.inter
+    assert deepep == pytest.approx(rdma, rel=1e-9)  # the RDMA side is the longer: 3x less than the all-to-all's
+    assert deepep < a2a / 3
+    assert exchange_sms(Setup(moe_dispatcher="deepep", **kw), gpu) == 20
+
+
+def test_emitted_deepep_job_reads_back(tmp_path):
+    """--emit torchtitan writes parallelism.expert_parallel_comm_backend = "deepep"; torchtitan's ConfigManager parses
+    it and trainfit's reader (readers/torchtitan.py) gives back the dispatcher."""
+    _torchtitan()
+    from torchtitan.config import ConfigManager
+
+    from trainfit.readers import read
+
+    spec = load_spec(DSV3_16B)
+    s = Setup(stack="torchtitan", dp=8, zero=3, ep=8, batch=4, seq=4096, moe_dispatcher="deepep")
+    path = tmp_path / "job.toml"
+    path.write_text(emit.emit("torchtitan", s, spec, 8, tokens=1e9))
+    cfg = ConfigManager().parse_args(["--job.config_file", str(path)])
+    assert cfg.parallelism.expert_parallel_comm_backend == "deepep"
+    got = read(path, dp=8)
+    assert got.values["moe_dispatcher"] == "deepep" and got.values["ep"] == 8

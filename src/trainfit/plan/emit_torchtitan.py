@@ -120,6 +120,8 @@ def torchtitan_sections(s: Setup, spec: ModelSpec, tokens: float | None = None, 
         parallelism["enable_async_tensor_parallel"] = True
     if s.ep > 1:  # the routed experts over ep ranks borrowed from dp_shard (× tp with etp 1): parallel_dims.py:136-158
         parallelism.update(expert_parallel_degree=s.ep, expert_tensor_parallel_degree=s.expert_tp)
+        if s.moe_dispatcher == "deepep":  # DeepEP's dispatch and combine (stacks/torchtitan.toml [expert_dispatch])
+            parallelism["expert_parallel_comm_backend"] = "deepep"
     if s.zero >= 2 and (shard > 1 or s.cp > 1):  # FSDP over dp_shard × cp (parallel_dims.py:333-335 fsdp_enabled)
         # ZeRO-3: "default" reshards every block after its forward but not [norm, output] (the stack fact
         # fsdp.reshard_last = false) — unless pipelining, where "default" means never (parallelize.py:319-327)
@@ -211,6 +213,8 @@ TORCHTITAN_KEYS = {
     "parallelism.context_parallel_degree": "config/job_config.py:428; distributed/parallel_dims.py:137 (FSDP over dp_shard × cp), models/llama3/infra/parallelize.py:99-105 (ring attention in every block; rotate method: torch's default all-gather in training)",
     "parallelism.expert_parallel_degree": "config/job_config.py:454; distributed/parallel_dims.py:136-158 (ep carved from dp_shard × cp × tp)",
     "parallelism.expert_tensor_parallel_degree": "config/job_config.py:464 (1 or tp; parallel_dims.py:58-59)",
+    "parallelism.expert_parallel_comm_backend": "config/job_config.py:474 (standard or deepep; models/deepseek_v3/model/"
+                                                "args.py:116, infra/parallelize.py:99-133)",
     "activation_checkpoint.mode": "config/job_config.py:652; distributed/activation_checkpoint.py:159-191",
     "activation_checkpoint.selective_ac_option": "config/job_config.py:655; distributed/activation_checkpoint.py:27-50 (every N-th block), 52-137 (op: per-op SAC)",
     "compile.enable": "config/job_config.py:722",

@@ -347,7 +347,8 @@ class Space:
                     n = extra.get("ulysses", 1)
                     got = plain if n == 1 else self.splits(replace(lay, dp=lay.dp // n))
                     if got:
-                        tv = timed_variants(model, lay, self.at, self.timed & set(facts.axes))
+                        tv = timed_variants(model, lay, self.at, self.timed & set(facts.axes),
+                                            facts.facts.get("moe", {}).get("dispatchers"))
                         _search_stack(self.spec, self.gpu, q, lay, stack, self.oracle, self.floors, self.gseqs, *got,
                                       self.stats, self.fitting, self.module_sets[stack], extra, level, tv,
                                       self.judge_first)

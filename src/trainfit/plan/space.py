@@ -156,8 +156,8 @@ def _etps(spec: ModelSpec, lay: Layout, at: Where) -> list[int | None]:
 
 def _dispatchers(spec: ModelSpec, lay: Layout, at: Where) -> list[str | None]:
     """The token dispatchers of an expert layout (ep > 1; vocab.MOE_DISPATCHERS, alltoall as the setting's default
-    None): each moves the same tokens by another exchange (analytic/parallel/expert.py); the stack's rules refuse
-    those it cannot run."""
+    None): each moves the same tokens by another exchange (analytic/parallel/expert.py); timed_variants keeps those
+    the stack runs ([moe] dispatchers), and its rules refuse the layouts one cannot run (DeepEP's group sizes)."""
     if not spec.is_moe or lay.ep <= 1:
         return [None]
     from ..setup.vocab import MOE_DISPATCHERS
@@ -219,12 +219,16 @@ def variants(spec: ModelSpec, lay: Layout, at: Where, run: Iterable[str]) -> lis
     return out
 
 
-def timed_variants(spec: ModelSpec, lay: Layout, at: Where, run: Iterable[str]) -> list[dict]:
-    """Every assignment of the TIMED settings in `run` to one layout, as Setup fields; the defaults ({}) first."""
+def timed_variants(spec: ModelSpec, lay: Layout, at: Where, run: Iterable[str],
+                   dispatchers: Iterable[str] | None = None) -> list[dict]:
+    """Every assignment of the TIMED settings in `run` to one layout, as Setup fields; the defaults ({}) first.
+    `dispatchers`: the MoE dispatchers the stack runs (stacks/*.toml [moe] dispatchers; None: every one)."""
     out = [{}]
     for a in TIMED:
         if a.name in run:
             out = [{**x, **({a.name: v} if v != a.default else {})} for x in out for v in a.values(spec, lay, at)]
+    if dispatchers is not None:
+        out = [x for x in out if x.get("moe_dispatcher", "alltoall") in dispatchers]
     return out
 
 

@@ -23,6 +23,7 @@ MAPPED = {"model.name", "model.flavor", "model.hf_assets_path", "model.converter
           "parallelism.pipeline_parallel_degree", "parallelism.pipeline_parallel_schedule",
           "parallelism.pipeline_parallel_microbatch_size", "parallelism.context_parallel_degree",
           "parallelism.expert_parallel_degree", "parallelism.expert_tensor_parallel_degree",
+          "parallelism.expert_parallel_comm_backend",
           "parallelism.enable_async_tensor_parallel", "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option", "compile.enable",
           "compile.components", "quantize.linear.float8.enable_fsdp_float8_all_gather",
           "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "quantize.linear.float8.recipe_name",
@@ -44,7 +45,6 @@ EFFECT = {
                                                              "trainfit splits evenly (:377)",
     "parallelism.pipeline_parallel_last_stage_less_layers": "memory and time: the last stage holds fewer layers; "
                                                             "trainfit splits evenly (:383)",
-    "parallelism.expert_parallel_comm_backend": "time: DeepEP dispatch (:474)",
     "training.dataloader.": "host memory and time only (:209-240)",
     "training.gc_freq": "time: a garbage-collection pause every N steps (:296)",
     "checkpoint.": "more time (saves) and, with async_with_pinned_mem, host memory (:487-641)",
@@ -251,6 +251,9 @@ def _settings(cfg, r: Reading, keys: dict, world: int | None, dp: int | None) ->
     if p.expert_parallel_degree > 1:
         r.set("ep", p.expert_parallel_degree, "parallelism.expert_parallel_degree")
         r.set("etp", p.expert_tensor_parallel_degree, "parallelism.expert_tensor_parallel_degree")
+    if p.expert_parallel_comm_backend == "deepep":  # ("standard": the all-to-all, trainfit's default; deepep without
+        # expert parallelism is refused, as torchtitan does: models/deepseek_v3/infra/parallelize.py:101-106)
+        r.set("moe_dispatcher", "deepep", "parallelism.expert_parallel_comm_backend")
     # train.py:196-215: global_batch_size a multiple of local × the data-parallel degree (asserted), the step
     # accumulating global / (local × dp) local batches (train_step's loop, :561), each pipelined when pp > 1
     accum = 1

@@ -10,8 +10,8 @@ from .. import serving_versions
 from ..errors import SetupError
 from .settings import (_SETUP_SETTINGS, BY_NAME, Setup, check_value, other_server_settings, refuse_inapplicable,
                        refuse_other_server)
-from .vocab import (BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, COMMON_RECOMPUTE, MODES, QUANTS, RECOMPUTE_PATTERNS,
-                    SERVE_KV_DTYPES)
+from .vocab import (BNB_OPTIMIZERS, DEEPEP_GROUPS, TORCHAO_OPTIMIZERS, COMMON_RECOMPUTE, MODES, QUANTS,
+                    RECOMPUTE_PATTERNS, SERVE_KV_DTYPES)
 
 
 def validate(setup: Setup, changed: frozenset | None = None) -> None:
@@ -355,13 +355,25 @@ def _check_axis(setup: Setup, stack, name: str) -> None:
 
 
 def _check_dispatcher(setup: Setup) -> None:
-    """The MoE token dispatcher's own rules: expert parallelism to dispatch over, its SMs for deepep / hybridep."""
+    """The MoE token dispatcher's own rules: expert parallelism to dispatch over, its SMs for deepep / hybridep;
+    DeepEP's group sizes (vocab.DEEPEP_GROUPS) and its even SM count (DeepEP v1.2.1 deep_ep/buffer.py:144-153
+    set_num_sms, which Megatron calls with --moe-deepep-num-sms: fused_a2a.py:258-260)."""
     if setup.moe_dispatcher is not None and setup.ep <= 1:
         raise SetupError(f"--moe-dispatcher {setup.moe_dispatcher} sends tokens to experts on other expert-parallel "
                          "ranks: it needs --ep > 1")
+    if setup.moe_dispatcher == "deepep" and setup.ep > 1:
+        group = setup.ep * setup.expert_tp
+        if group not in DEEPEP_GROUPS:
+            what = f"--ep {setup.ep}" + (f" × --etp {setup.expert_tp} = {group}" if setup.expert_tp > 1 else "")
+            raise SetupError(f"--moe-dispatcher deepep over {what} ranks: DeepEP runs groups of "
+                             f"{', '.join(map(str, DEEPEP_GROUPS))} ranks only (deep_ep Buffer.get_dispatch_config "
+                             "asserts it); use another --ep, or --moe-dispatcher alltoall")
     if setup.moe_dispatcher_sms is not None and setup.moe_dispatcher not in ("deepep", "hybridep"):
         raise SetupError("--moe-dispatcher-sms sets the SMs of the deepep / hybridep dispatcher's kernels: it needs "
                          "--moe-dispatcher deepep or hybridep")
+    if setup.moe_dispatcher == "deepep" and (setup.moe_dispatcher_sms or 0) % 2:
+        raise SetupError(f"--moe-dispatcher-sms {setup.moe_dispatcher_sms}: DeepEP takes an even SM count (deep_ep "
+                         f"Buffer.set_num_sms asserts it); use {setup.moe_dispatcher_sms + 1}")
 
 
 # The expert exchange's settings: how the MoE tokens move between ranks, which no other setting's rule reads

@@ -167,7 +167,9 @@ class Setup:
                                  maximum=limits.RANKS, minimum=1, auto="--tp (Megatron's default; torchtitan's is 1)",
                                  example="1", group="parallel")
     moe_dispatcher: Optional[str] = setting(None, "MoE token dispatcher (Megatron's --moe-token-dispatcher-type, "
-                                            "with flex: --moe-flex-dispatcher-backend): alltoall (each token's top-k "
+                                            "with flex: --moe-flex-dispatcher-backend; torchtitan's "
+                                            "expert_parallel_comm_backend: alltoall or deepep): alltoall (each "
+                                            "token's top-k "
                                             "copies to their experts' ranks), allgather (every rank gathers the "
                                             "etp × ep group's tokens), deepep / hybridep (each token once per "
                                             "destination node over RDMA, then over NVLink to its experts' GPUs).",

@@ -8,7 +8,7 @@ def refuse(setup) -> str | None:
     no effect without --ep (config/job_config.py:466), and the ep × etp ranks tile the dp_shard × cp × tp ranks of a
     stage (:138, efsdp = dp_shard·cp·tp // (etp·ep) must be whole); trainfit models EP under FSDP (the experts'
     own efsdp group, stacks/torchtitan.toml [expert_parallel]). Context parallelism: refuse_cp. Else None."""
-    why = refuse_cp(setup) or _async_tp(setup)
+    why = refuse_cp(setup) or _async_tp(setup) or _dispatcher(setup)
     if why:
         return why
     if setup.ep == 1:
@@ -29,6 +29,26 @@ def refuse(setup) -> str | None:
     if ranks % (setup.ep * etp):
         return (f"--ep {setup.ep} × --etp {etp} must divide the dp_shard × tp = {ranks} ranks of a pipeline stage "
                 "(torchtitan distributed/parallel_dims.py:138: efsdp = dp_shard·cp·tp // (etp·ep))")
+    return None
+
+
+def _dispatcher(setup) -> str | None:
+    """--moe-dispatcher is parallelism.expert_parallel_comm_backend: "standard" (the all-to-all) or "deepep" (0.2.2
+    config/job_config.py:474); DeepEP without expert tensor parallelism (models/deepseek_v3/infra/parallelize.py:
+    107-111 raises) and, as trainfit models it, at --tp 1 (stacks/torchtitan.toml [expert_dispatch.deepep]: its MoE
+    keeps every TP rank's tokens whole)."""
+    how = getattr(setup, "moe_dispatcher", None)
+    if how in (None, "alltoall"):
+        return None
+    runs = setup.stack_facts.fact("moe", "dispatchers")
+    if how not in runs:
+        return (f"--moe-dispatcher {how}: torchtitan's expert_parallel_comm_backend is standard (an all-to-all) or "
+                f"deepep (config/job_config.py:474); use --moe-dispatcher {' or '.join(runs)}, or --stack megatron")
+    if setup.tp > 1:
+        return (f"--moe-dispatcher deepep with --tp {setup.tp}: torchtitan's DeepEPMoE drops the reorderer that splits "
+                "a block's tokens over the TP ranks (models/moe/moe_deepep.py:37), so every TP rank would dispatch "
+                "all of them; trainfit models torchtitan's DeepEP at --tp 1: drop --tp, or use --moe-dispatcher "
+                "alltoall")
     return None
 
 

@@ -37,7 +37,10 @@ def dispatch_bytes(spec: ModelSpec, setup: Setup, tokens: float, act_bytes: floa
     tokens·top_k × hidden, less the padding rows the permuted copy no longer has (align per expert, E/ep experts
     instead of E).
     NB: balanced routing (each rank receives the tokens·top_k rows it sends): the busiest rank of an imbalanced
-    router receives more, so under-counts there (torchtitan #1789)."""
+    router receives more, so under-counts there (torchtitan #1789). Under --moe-dispatcher deepep the same bytes
+    (the planner judges a group's memory once for all its dispatchers: memory.NOT_IN_MEMORY): DeepEP's dispatch
+    delivers each token once per destination rank, not per expert, and _permute_tokens pads nothing (stacks/
+    torchtitan.toml [expert_dispatch.deepep]), so over-counts there."""
     if setup.ep <= 1 or spec.moe is None:
         return 0.0
     m = spec.moe
@@ -59,7 +62,10 @@ def sac_saved_all_to_all(spec: ModelSpec, setup: Setup, tokens: float, act_bytes
     all_to_all_single (stacks/torchtitan.toml [expert_dispatch] op_sac_saves: deepseek_v3's): _custom_policy
     MUST_SAVEs the dispatch's output (the rows the rank's experts receive) and the combine's (the rows sent back), two
     tokens·top_k × hidden tensors in the routed tokens' dtype, beside the block's other stored outputs.
-    NB: balanced routing (the busiest rank receives more: under-counts there)."""
+    NB: balanced routing (the busiest rank receives more: under-counts there). Under --moe-dispatcher deepep the
+    same bytes (as dispatch_bytes): DeepEP's stored dispatch output is the received distinct tokens (with their
+    top-k int64 indices and fp32 scores) and its combine output the rank's own tokens, fewer rows for top_k > 1:
+    over-counts there."""
     if setup.ep <= 1 or spec.moe is None or setup.recompute != "op":
         return 0.0
     facts = setup.stack_facts.facts

@@ -28,6 +28,13 @@ class TorchtitanModel(StackModel):
             if lp != "none":
                 raise SetupError(f"--low-precision {lp} on torchtitan's MoE model {spec.name}: its experts' grouped "
                                  "GEMMs (quantize.grouped_mm) are not modelled; drop --low-precision")
+            model = setup.stack_facts.fact("moe_models", "model")[spec.family]
+            deepep = setup.stack_facts.fact("expert_dispatch", "deepep")["models"]
+            if setup.moe_dispatcher == "deepep" and model not in deepep:
+                # (stacks/torchtitan.toml [expert_dispatch.deepep]: only deepseek_v3's MoE class reads the backend)
+                raise SetupError(f"--moe-dispatcher deepep: torchtitan's {model} model builds its standard MoE and "
+                                 "all-to-all whatever expert_parallel_comm_backend says (models/qwen3/model/model.py:"
+                                 f"368); its {', '.join(deepep)} model runs DeepEP: use --moe-dispatcher alltoall")
             return
         if spec.is_moe:
             raise SetupError(f"--stack torchtitan: {spec.name} is a {spec.family} mixture of experts; trainfit models "
@@ -78,6 +85,12 @@ class TorchtitanModel(StackModel):
             out.append(f"expert parallelism: ep {setup.ep} x etp {setup.expert_tp}, routing taken as balanced; a real "
                        "router's busiest rank receives more tokens, and its dispatch buffers (and, under op SAC, "
                        "deepseek_v3's stored all-to-all outputs) grow with them")
+            if setup.moe_dispatcher == "deepep":
+                out.append("DeepEP dispatch and combine: each token sent once to each rank holding one of its experts; "
+                           "its routed buffers counted as the all-to-all's (NB: over: DeepEP holds the distinct "
+                           "tokens, not their top-k copies), its own buffers (outside PyTorch's allocator) not; the "
+                           "shared experts, which run beside the combine (moe_deepep.py), timed after it (NB: "
+                           "predicted slower by up to their forward)")
         return out
 
 
