@@ -47,6 +47,10 @@ class MoESpec:
     # published checkpoints; attention, router, embeddings and head stay bf16, modules_to_not_convert): what a serving
     # engine loads (analytic/serving.py expert_weight_bytes); training and HF inference build the bf16 model
     experts_mxfp4: bool = False
+    # the router's load-balancing loss coefficient the config gives (DeepSeek's aux_loss_alpha, the others'
+    # router_aux_loss_coef); None: not given. Where a stack takes it from the model (stacks/megatron.toml [moe]
+    # aux_loss_from_config): whether the loss runs and the coefficient written (analytic/ops/shape.py aux_loss_coeff)
+    aux_loss_coeff: float | None = None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainfit.errors import SetupError
+from trainfit.errors import ConfigError, SetupError
 from trainfit.models.resolve import load_model
 from trainfit.plan.emit import emit
 from trainfit.setup import Setup, validate
@@ -411,9 +411,10 @@ def test_moe_command_runs_the_load_balancing_loss_it_was_timed_with(monkeypatch,
     """The megatron stack times the router's load-balancing loss (stacks/megatron.toml [moe] aux_loss, ops/
     megatron_moe.py router_ops), but megatron-core 0.16.1's default coefficient is 0.0 (transformer_config.py:659),
     under which TopKRouter runs none of its kernels (router.py:253-273, :598): the emitted command trained without it.
-    Now it writes the type and coefficient of the same table, per router, and Megatron's own TopKRouter, built from
-    the emitted flags, runs the loss with that coefficient: the switch loss for Qwen3, the per-sequence loss for
-    DeepSeek's gates, at the smaller coefficient beside DeepSeek-V3's expert bias."""
+    Now it writes the type of the same table and the model's coefficient (its config's, else the table's), per
+    router, and Megatron's own TopKRouter, built from the emitted flags, runs the loss with that coefficient: the
+    switch loss for Qwen3 and Mixtral, the per-sequence loss for DeepSeek's gates, at the smaller coefficient beside
+    DeepSeek-V3's expert bias."""
     import torch
     from megatron.core.transformer.moe.router import TopKRouter
 
@@ -425,7 +426,9 @@ def test_moe_command_runs_the_load_balancing_loss_it_was_timed_with(monkeypatch,
     moe = s.stack_facts.facts["moe"]
     assert moe["aux_loss"]  # (what Shape.moe_aux_loss reads: ops/shape.py)
     for name, kind, coeff in (("qwen3-30b-a3b", "aux_loss", moe["aux_loss_coeff"]),
-                              ("mixtral-8x7b", "aux_loss", moe["aux_loss_coeff"]),
+                              # the model's own, from its config.json (Megatron-Bridge's conversion maps it):
+                              # Mistral's published Mixtral-8x7B config sets router_aux_loss_coef 0.02
+                              ("mixtral-8x7b", "aux_loss", 0.02),
                               ("deepseek-v2-lite", "seq_aux_loss", moe["aux_loss_coeff"]),
                               ("deepseek-v3", "seq_aux_loss", moe["expert_bias_aux_loss_coeff"])):
         text = emit("megatron", s, load_model(name), 8)
@@ -499,3 +502,24 @@ def test_gpt_oss_router_runs_no_load_balancing_loss():
         names = {op.name for op in router_ops(spec, shape_of(spec, s, state_bytes(s), "bf16"))}
         assert ("router_aux_loss" in names) == runs, (name, names)
     assert "--moe-aux-loss-coeff" in emit("megatron", s, load_model("qwen3-30b-a3b"), 8)
+
+
+def test_a_config_without_the_loss_runs_none():
+    """A model whose config.json sets its load-balancing coefficient to 0 (router_aux_loss_coef: Megatron-Bridge's
+    conversion maps it to moe_aux_loss_coeff, v0.6.0 model_bridge.py:465-466) trains without the loss: megatron-core's
+    TopKRouter runs none of its kernels at 0 (router.py:253-273), so neither the timed op list nor the command has
+    it; the catalog's Mixtral (0.02) keeps both."""
+    from trainfit.analytic.ops.megatron_moe import router_ops
+    from trainfit.analytic.ops.shape import shape_of
+    from trainfit.analytic.precision import state_bytes
+    from trainfit.models.hf_config import spec_from_config
+
+    s = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, seq=4096, zero=1)
+    mixtral = load_model("mixtral-8x7b")
+    off = spec_from_config({**mixtral.config, "router_aux_loss_coef": 0.0}, "mixtral-no-aux")
+    for spec, runs in ((mixtral, True), (off, False)):
+        names = {op.name for op in router_ops(spec, shape_of(spec, s, state_bytes(s), "bf16"))}
+        assert ("router_aux_loss" in names) == runs
+        assert ("--moe-aux-loss-coeff" in emit("megatron", s, spec, 8)) == runs
+    with pytest.raises(ConfigError, match="'router_aux_loss_coef' must be a number >= 0"):
+        spec_from_config({**mixtral.config, "router_aux_loss_coef": -0.1}, "mixtral-bad")

@@ -1147,6 +1147,8 @@ def spec_from_config(config: dict, name: str, source: str = "", head: str | None
     _check_finite(raw, name)
     cfg = _Cfg(raw, name, mt)
     fields = {**_kernel_facts(cfg), **_BUILDERS[mt](cfg)}
+    if fields.get("moe") is not None:
+        fields["moe"] = replace(fields["moe"], aux_loss_coeff=_aux_loss_coeff(cfg))
     if head is not None:
         heads.check_available(mt, head, name)
     chosen = head or heads.from_architectures(raw, mt) or heads.family_default(mt, fields["causal"])
@@ -1157,6 +1159,19 @@ def spec_from_config(config: dict, name: str, source: str = "", head: str | None
     if spec.moe is not None and spec.moe.num_experts < 1:
         raise ConfigError(f"{name}: an MoE model needs num_experts >= 1")
     return spec
+
+
+def _aux_loss_coeff(c: _Cfg) -> float | None:
+    """The MoE router's load-balancing loss coefficient the config sets (MoESpec.aux_loss_coeff): DeepSeek's
+    aux_loss_alpha (configuration_deepseek_v2.py), the others' router_aux_loss_coef (MixtralConfig, Qwen2MoeConfig,
+    ...); None where it sets neither. 0 is a coefficient (no loss), not a missing one."""
+    v = c.get("aux_loss_alpha", "router_aux_loss_coef", default=None)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        key = "aux_loss_alpha" if c.has("aux_loss_alpha") else "router_aux_loss_coef"
+        raise ConfigError(f"{c.name}: '{key}' must be a number >= 0, got {v!r}")
+    return float(v)
 
 
 def quant_method(raw: dict) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shlex
 
-from ..analytic.ops.shape import aux_loss_runs
+from ..analytic.ops.shape import aux_loss_coeff
 from ..analytic.mtp import mtp_layers
 from ..models.hf_config import rope_parameters
 from ..setup import Setup, parse_pp_split
@@ -81,11 +81,10 @@ def _load_balancing(s: Setup, spec: ModelSpec) -> list[str]:
     transformer_config.py:659), under which TopKRouter runs none of the loss's kernels (router.py:253-273, :598);
     flags: Megatron-LM core_v0.16.1 arguments.py:2705-2710."""
     facts = s.stack_facts.facts
-    if not aux_loss_runs(spec, facts):
+    coeff = aux_loss_coeff(spec, facts)
+    if not coeff:
         return []
-    moe = facts["moe"]
-    kind = "seq_aux_loss" if spec.family in moe["seq_aux_loss_families"] else "aux_loss"
-    coeff = moe["expert_bias_aux_loss_coeff"] if _expert_bias(spec) else moe["aux_loss_coeff"]
+    kind = "seq_aux_loss" if spec.family in facts["moe"]["seq_aux_loss_families"] else "aux_loss"
     return ["--moe-router-load-balancing-type", kind, "--moe-aux-loss-coeff", f"{coeff:g}"]
 
 

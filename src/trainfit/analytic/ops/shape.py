@@ -75,11 +75,23 @@ _MOE_DEFAULTS = {f.name: f.default for f in fields(Shape) if f.name in MOE_ONLY}
 
 
 def aux_loss_runs(spec: ModelSpec, facts: dict) -> bool:
-    """Whether the stack's router runs its load-balancing loss for this model: the stack's [moe] aux_loss, but for the
-    families it lists as running none (no_aux_loss_families: Megatron-Bridge's gpt-oss provider). One rule for the
-    timed op list and for the launch config written (plan/emit_megatron.py)."""
+    """Whether the stack's router runs its load-balancing loss for this model: a positive coefficient (aux_loss_coeff;
+    TopKRouter runs none of the loss's kernels at 0). One rule for the timed op list and for the launch config
+    written (plan/emit_megatron.py)."""
+    return aux_loss_coeff(spec, facts) > 0
+
+
+def aux_loss_coeff(spec: ModelSpec, facts: dict) -> float:
+    """The router's load-balancing loss coefficient: 0 where the stack runs none ([moe] aux_loss off, or the family
+    among no_aux_loss_families: Megatron-Bridge's gpt-oss provider), else the model's own where its config gives one
+    and the stack takes it ([moe] aux_loss_from_config: MoESpec.aux_loss_coeff), else the stack's default:
+    expert_bias_aux_loss_coeff beside a sigmoid router's expert bias (DeepSeek-V3), aux_loss_coeff."""
     moe = facts.get("moe", {})
-    return bool(moe.get("aux_loss", False)) and spec.family not in moe.get("no_aux_loss_families", ())
+    if not moe.get("aux_loss", False) or spec.moe is None or spec.family in moe.get("no_aux_loss_families", ()):
+        return 0.0
+    if moe.get("aux_loss_from_config", False) and spec.moe.aux_loss_coeff is not None:
+        return spec.moe.aux_loss_coeff
+    return float(moe["expert_bias_aux_loss_coeff"] if spec.moe.router_scoring == "sigmoid" else moe["aux_loss_coeff"])
 
 
 def without_moe(sh: Shape) -> Shape:
