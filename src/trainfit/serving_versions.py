@@ -36,10 +36,10 @@ def _table() -> dict:
 @lru_cache(maxsize=None)  # (a few engines; servers.toml is read once, _table)
 def versions(engine: str) -> tuple[str, ...]:
     """The listed releases of `engine`, newest first."""
-    return tuple(sorted(_table()[engine]["versions"], key=_release_key, reverse=True))
+    return tuple(sorted(_table()[engine]["versions"], key=release_key, reverse=True))
 
 
-def _release_key(version: str) -> tuple:
+def release_key(version: str) -> tuple:
     """Orders "0.4.3" < "0.4.3.post4" < "0.4.4": numbers by value, a suffix after the release it follows."""
     return tuple((1, int(p)) if p.isdigit() else (0, p) for p in version.split("."))
 

@@ -170,3 +170,59 @@ def test_a_vllm_flag_written_as_its_prefix_is_named_with_its_whole_flag(tmp_path
     SGLang reader does, rather than listing a bare unknown (which left the estimate at the default 0.92 unsaid)."""
     r = _read(tmp_path, "vllm serve m --gpu-memory-util 0.8")
     assert [x for x in r.unknown if x.startswith("--gpu-memory-util ") and "--gpu-memory-utilization" in x], r.unknown
+
+
+# `trainfit check --server ENGINE==VERSION`: the file is for that release. The flags 0.33.0's parser stops at are
+# read as the older release takes them (its lines, above), each with its effect there; a release that does not take
+# one (newer than the last that does, or older than the release that added it) still stops at it.
+@pytest.mark.parametrize("flags, flag, takes, refuses", [
+    ("--swap-space 4", "--swap-space", ("0.14.1", "0.8.5"), ("0.19.0",)),
+    ("--max-seq-len-to-capture 8192", "--max-seq-len-to-capture", ("0.10.1", "0.8.5"), ("0.11.0", "0.14.1")),
+    ("--max-num-partial-prefills 2", "--max-num-partial-prefills", ("0.19.0", "0.10.1"), ()),
+    # (added in 0.9.0 with SchedulerConfig.cuda_graph_sizes: 0.8.5 had none)
+    ("--cuda-graph-sizes 512", "--cuda-graph-sizes", ("0.11.0", "0.10.1"), ("0.14.1", "0.8.5")),
+])
+def test_a_flag_of_the_release_the_file_is_for_is_read_as_that_release_takes_it(tmp_path, flags, flag, takes,
+                                                                                 refuses):
+    for version in takes + refuses:
+        r = _read(tmp_path, f"vllm serve m -tp 2 {flags}")
+        r.settle_release(serving_versions.parse(f"vllm=={version}"))
+        (line,) = _said(r, flag)
+        if version in takes:
+            assert line in r.not_modelled + r.no_effect and not r.warned, (version, line)
+            assert r.source.endswith(f"; for vLLM {version})")
+        else:
+            assert line in r.warned and line.startswith(f"{flag}: vLLM 0.33.0 has no such flag"), (version, line)
+    r = _read(tmp_path, f"vllm serve m {flags}")
+    r.settle_release(serving_versions.parse("sglang==0.4.4"))  # another engine's release: nothing of vLLM's taken
+    assert [x for x in r.warned if x.startswith(flag)]
+
+
+def test_sglang_flags_of_its_older_releases_are_read_for_them(tmp_path):
+    """SGLang 0.4.4 takes --cuda-graph-max-bs for the decode graphs (srt/server_args.py:907-912), which 0.5.23's parser
+    stops at (an ambiguous prefix); --pp is no listed release's flag."""
+    r = _read(tmp_path, f"python -m sglang.launch_server --model-path {MODEL} --cuda-graph-max-bs 64 --pp 2")
+    r.settle_release(serving_versions.parse("sglang==0.4.4"))
+    assert [x.split(":")[0] for x in r.warned] == ["--pp"]
+    assert [x for x in r.not_modelled if x.startswith("--cuda-graph-max-bs = '64': not modelled (CUDA-graph memory")]
+
+
+def test_check_server_models_the_release_the_command_is_for(tmp_path, capsys):
+    """`trainfit check serve.sh --server vllm==0.10.1`: the estimate's start-up is 0.10.1's (its profile run and
+    memory utilisation, data/servers.toml), the 0.10.1 flag read with its effect; another engine is one line, exit 2."""
+    from trainfit.cli.app import main
+
+    path = tmp_path / "serve.sh"
+    path.write_text(f"vllm serve {MODEL} --max-seq-len-to-capture 8192 --max-model-len 8192\n")
+    main(["check", str(path), "--gpu", "H100-80GB", "--server", "vllm==0.10.1", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["detail"]["serving"]["version"] == "0.10.1" and out["check"]["settings"]["server"] == "vllm==0.10.1"
+    assert not out["check"]["warned"] and out["check"]["not_modelled"][0].startswith("--max-seq-len-to-capture")
+    main(["check", str(path), "--gpu", "H100-80GB", "--json"])
+    now = json.loads(capsys.readouterr().out)
+    assert now["detail"]["serving"]["version"] == "0.33.0" and now["check"]["warned"]
+    assert now["detail"]["serving"]["activation_peak"] != out["detail"]["serving"]["activation_peak"]
+    with pytest.raises(SystemExit) as e:
+        main(["check", str(path), "--gpu", "H100-80GB", "--server", "sglang"])
+    assert e.value.code == 2
+    assert "the files are a vllm command" in capsys.readouterr().err

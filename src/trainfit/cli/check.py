@@ -23,6 +23,10 @@ DpOpt = typer.Option(None, "--dp", help="Data-parallel ranks, when the files do 
                      "of -1 without the torchrun line, TrainingArguments, Megatron without torchrun's sizes).")
 SeqOpt = typer.Option(None, "--seq", help="Sequence length, when the files do not say (TrainingArguments, accelerate "
                       "and DeepSpeed configs hold none: the training script's or dataset's).")
+ServerOpt = typer.Option(None, "--server", help="The engine release a serving command is for, when not the current "
+                         "one (e.g. vllm==0.10.1): its start-up modelled, and the flags the current release's parser "
+                         "refuses read as that release takes them (NB: the parser is the current release's: a flag "
+                         "added since is read too). " + BY_NAME["server"].meta.help)
 PromptLenOpt = typer.Option(None, "--prompt-len", help="Prompt tokens per sequence, which no file holds (a TRL "
                            "GRPOConfig's dataset, a serving command's requests): "
                            + BY_NAME["prompt_len"].meta.help)
@@ -30,7 +34,7 @@ PromptLenOpt = typer.Option(None, "--prompt-len", help="Prompt tokens per sequen
 
 def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Optional[str] = GpuOpt,
           dp: Optional[int] = DpOpt, seq: Optional[int] = SeqOpt, prompt_len: Optional[int] = PromptLenOpt,
-          json: bool = JsonOpt) -> None:
+          server: Optional[str] = ServerOpt, json: bool = JsonOpt) -> None:
     """Check your own config before launch: read it with its stack's own parser, map every key to trainfit's
     settings (or name it as not modelled, with the direction of its effect), then answer as `estimate` does.
 
@@ -38,6 +42,7 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
       trainfit check my_job.toml --gpu H100-80GB\n
       trainfit check ds_config.json train_args.yaml --model llama-3.1-8b --dp 8 --gpu A100-80GB\n
       trainfit check serve.sh --gpu H100-80GB      # a `vllm serve ...` line\n
+      trainfit check serve.sh --server vllm==0.10.1 --gpu H100-80GB   # for an older vLLM\n
       trainfit check grpo.yaml --model qwen2.5-1.5b --dp 8 --gpu H100-80GB   # a TRL GRPOConfig
     """
     from .. import api
@@ -49,7 +54,7 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
     # (a stack's own parser imports the stack: seconds for torchtitan's or Megatron's)
     with spinner(f"reading {', '.join(files)} with the stacks' own parsers", quiet=json):
         readings = [read(f, dp) for f in files]
-        req, notes = request_of(readings, model, gpu, dp, prompt_len, seq)
+        req, notes = request_of(readings, model, gpu, dp, prompt_len, seq, server)
         spec = api.load_spec(req.model)
         if req.mode == "serve":  # (the engine refuses to start: as --emit refuses to write it)
             from dataclasses import replace
@@ -82,7 +87,8 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
     serving = results[0].detail.serving  # (--mode serve's; None for training)
     for r in readings:  # the engine's flags the estimate sized itself: as it assumed, or not modelled
         r.against(serving.knobs if serving is not None else {})
-    settings = settings_of(readings, req, tuple(k for k, v in (("seq", seq), ("prompt_len", prompt_len)) if v))
+    settings = settings_of(readings, req, tuple(k for k, v in (("seq", seq), ("prompt_len", prompt_len),
+                                                               ("server", server)) if v))
     if req.quant is not None and "quant" not in settings and req.mode == "serve":  # (the checkpoint's own, above)
         settings["quant"] = req.quant
     said = {"files": [r.source for r in readings], "settings": settings,
@@ -139,14 +145,24 @@ def settings_of(readings, req, flags: tuple = ()) -> dict:
 
 
 def request_of(readings, model: str | None, gpu: str | None, dp: int | None, prompt_len: int | None = None,
-               seq: int | None = None):
-    """(Request, notes) of the files read together, with --model, --gpu, --dp, --prompt-len and --seq."""
+               seq: int | None = None, server: str | None = None):
+    """(Request, notes) of the files read together, with --model, --gpu, --dp, --prompt-len, --seq and --server."""
+    from .. import serving_versions
     from ..errors import SetupError
     from ..readers import combine
     from ..setup import Request
 
     model, values = combine(readings, model)
     notes = []
+    if server is not None:  # the release the serving command is for: its flags, then its start-up
+        release = serving_versions.parse(server)
+        if values.get("server") is None or serving_versions.engine_of(values["server"]) != release.engine:
+            what = f"a {values['server']} command" if values.get("server") else "no serving command"
+            raise SetupError(f"--server {server}: the files are {what}; drop --server or give one for "
+                             f"{values.get('server', 'vllm or sglang')}")
+        values["server"] = server
+        for r in readings:
+            r.settle_release(release)
     if dp is not None:
         if values.get("dp", dp) != dp:
             raise SetupError(f"--dp {dp}: the files say {values['dp']} data-parallel ranks: drop --dp or fix them")

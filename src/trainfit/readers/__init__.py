@@ -27,6 +27,8 @@ class Reading:
     no_effect: list[str] = field(default_factory=list)  # keys with no effect on a step's memory or time
     warned: list[str] = field(default_factory=list)  # what the tool's own parser says about the file: its warnings
     # (deprecations), and a flag it stops at (a serving engine's flag of another release: readers.vllm.account's gone)
+    gone: list = field(default_factory=list)  # (flag, value, Gone, its warned line): the flags of `gone`, which an
+    # older release of the engine takes (settle_release, once --server names the release the file is for)
     of_model: list[str] = field(default_factory=list)  # keys of the model's own architecture, taken from --model
     sized: list = field(default_factory=list)  # (knob, key, value, effect): a serving engine's flag that trainfit
     # sizes as the engine does (Estimate.detail.serving.knobs[knob]), settled by `against` once the estimate is made
@@ -66,6 +68,21 @@ class Reading:
             what = key if value == "…" else f"{key} = {value!r}"
             self.not_modelled.append(f"{what}: not modelled ({effect})")
 
+    def settle_release(self, release) -> None:
+        """The file is for `release` (serving_versions.Version: check's --server ENGINE==VERSION): the flags its
+        parser takes that the reader's release stops at (`gone`) are that release's, read with their effect there.
+        NB: the reader's parser is the current release's, so a flag added since `release` is read as well, where
+        that release would stop at it."""
+        from ..serving_versions import engine_of
+
+        if engine_of(str(self.values.get("server", ""))) == release.engine:
+            self.source = self.source.rstrip(")") + f"; for {release.label})"
+        for flag, value, g, line in self.gone:
+            if g.taken_by(release):
+                self.warned.remove(line)
+                self.skip(flag, value, g.then or "no effect on memory or time")
+        self.gone = []
+
     def sizes(self, knob: str, key: str, value, effect: str) -> None:
         """Key `key` = `value` sets what the estimate sizes itself as the engine does (the serving knob `knob`): as
         modelled where the estimate's knob is that value, else not modelled with `effect` (`against`)."""
@@ -79,6 +96,29 @@ class Reading:
             else:
                 self.skip(key, value, effect + (f"; the estimate has {knobs[knob]}" if knob in knobs else ""))
         self.sized = []
+
+
+@dataclass(frozen=True)
+class Gone:
+    """A serving engine's flag its current parser stops at (unrecognized, or an ambiguous prefix) that an older
+    release took: `last` the newest listed release of `engine` that takes it (None: none does), `first` the release
+    that added it where a listed one predates it (None: every listed release up to `last` takes it), `then` its
+    effect there as a key not modelled ("": none), `why` what the current parser does and what replaced it."""
+
+    engine: str
+    last: str | None
+    then: str
+    why: str
+    first: str | None = None
+
+    def taken_by(self, release) -> bool:
+        """Whether `release` (serving_versions.Version) takes the flag."""
+        from ..serving_versions import release_key
+
+        if self.last is None or release.engine != self.engine:
+            return False
+        key = release_key(release.version)
+        return key <= release_key(self.last) and (self.first is None or key >= release_key(self.first))
 
 
 def kind_of(path: Path, text: str) -> str:

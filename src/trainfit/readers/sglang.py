@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import SetupError
-from . import Reading
+from . import Gone, Reading
 from .cmdline import config_file, config_flags, parse_flags, split, yaml_config
 from .vllm import DTYPES, account, whole_flags
 
@@ -38,15 +38,18 @@ EFFECT = {"max-running-requests": "time: the batch is capped", "max-total-tokens
 # flags SGLang 0.5.23's parser stops at (argparse: "ambiguous option", exit 2): each is a prefix of two or more of its
 # flags, which allow_abbrev cannot choose between. What replaced each, and the listed release that took it where one
 # did
-GONE = {"cuda-graph-max-bs": "its parser stops at it as a prefix of both --cuda-graph-max-bs-decode and "
-                             "--cuda-graph-max-bs-prefill (arg_groups/fields/exec_.py:629-634; ambiguous option); "
-                             "0.4.4 takes it for the decode graphs (srt/server_args.py:907-912): write "
-                             "--cuda-graph-max-bs-decode",
-        "cuda-graph-bs": "its parser stops at it as a prefix of both --cuda-graph-bs-decode and "
-                         "--cuda-graph-bs-prefill (arg_groups/fields/exec_.py:640-647; ambiguous option); 0.4.4 takes "
-                         "it for the decode graphs (srt/server_args.py:913-918): write --cuda-graph-bs-decode",
-        "pp": "its parser stops at it as a prefix of --pp-size, --pp-max-micro-batch-size and --pp-async-batch-depth "
-              "(arg_groups/fields/parallel.py:59-72; ambiguous option): write --pp-size"}
+GONE = {"cuda-graph-max-bs": Gone("sglang", "0.4.4", "CUDA-graph memory and time: the decode graphs' largest batch",
+                                  "its parser stops at it as a prefix of both --cuda-graph-max-bs-decode and "
+                                  "--cuda-graph-max-bs-prefill (arg_groups/fields/exec_.py:629-634; ambiguous "
+                                  "option); 0.4.4 takes it for the decode graphs (srt/server_args.py:907-912): write "
+                                  "--cuda-graph-max-bs-decode"),
+        "cuda-graph-bs": Gone("sglang", "0.4.4", "CUDA-graph memory and time: the decode graphs' batch sizes",
+                              "its parser stops at it as a prefix of both --cuda-graph-bs-decode and "
+                              "--cuda-graph-bs-prefill (arg_groups/fields/exec_.py:640-647; ambiguous option); 0.4.4 "
+                              "takes it for the decode graphs (srt/server_args.py:913-918): write "
+                              "--cuda-graph-bs-decode"),
+        "pp": Gone("sglang", None, "", "its parser stops at it as a prefix of --pp-size, --pp-max-micro-batch-size and "
+                   "--pp-async-batch-depth (arg_groups/fields/parallel.py:59-72; ambiguous option): write --pp-size")}
 FLAGS_OF = "0.5.23"  # the SGLang release whose ServerArgs parser this reader follows (data/servers.toml's default)
 
 

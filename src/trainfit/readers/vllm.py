@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from ..errors import SetupError
-from . import Reading
+from . import Gone, Reading
 from .cmdline import config_file, config_flags, human_readable_int, leftover_flags, parse_flags, split, yaml_config
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
@@ -43,18 +43,25 @@ EFFECT = {"enable-prefix-caching": "time: cached prefixes skip prefill; no effec
 
 # flags of the older releases trainfit models (data/servers.toml) that vLLM 0.33.0's serve parser does not have: it
 # stops at them ("unrecognized arguments", exit 2; none is the prefix of a 0.33.0 flag, which argparse's allow_abbrev
-# would take). Each: the last listed release that takes it (that release's lines) and what, if anything, replaced it
-GONE = {k: "`vllm serve` stops at it (unrecognized arguments); " + v for k, v in {
-        "swap-space": "0.14.1 takes it (engine/arg_utils.py:914; config/cache.py:58), and its V1 engine allocates no "
-                      "swap (v1/engine/core.py:267 num_cpu_blocks = 0); nothing replaced it",
-        "max-seq-len-to-capture": "0.10.1 takes it (engine/arg_utils.py:503-504), read only by the V0 engine's CUDA "
-                                  "graphs; nothing replaced it: 0.33.0's graphs are sized in tokens per step, "
-                                  "--max-cudagraph-capture-size (engine/arg_utils.py:1827)",
-        "max-num-partial-prefills": "0.19.0 takes it (engine/arg_utils.py:1221-1222), which its V1 scheduler does "
-                                    "not read (only the ROCm AITER attention backend, "
-                                    "v1/attention/backends/rocm_aiter_fa.py:476); nothing replaced it",
-        "cuda-graph-sizes": "0.11.0 takes it (engine/arg_utils.py:893-894); 0.33.0's are --cudagraph-capture-sizes "
-                            "and --max-cudagraph-capture-size (engine/arg_utils.py:1824-1828)"}.items()}
+# would take). Each: the last listed release that takes it (that release's lines), its effect there, and what, if
+# anything, replaced it. `trainfit check --server vllm==VERSION` reads a file for that release: its flags then.
+_STOPS = "`vllm serve` stops at it (unrecognized arguments); "
+GONE = {
+    "swap-space": Gone("vllm", "0.14.1", "host memory under the V0 engine only: CPU swap space for preempted "
+                       "sequences; the V1 engine allocates none (v1/engine/core.py:267 num_cpu_blocks = 0)",
+                       _STOPS + "0.14.1 takes it (engine/arg_utils.py:914; config/cache.py:58), and its V1 engine "
+                       "allocates no swap (v1/engine/core.py:267 num_cpu_blocks = 0); nothing replaced it"),
+    "max-seq-len-to-capture": Gone("vllm", "0.10.1", "CUDA-graph memory and time: the V0 engine's graphs up to this "
+                                   "length", _STOPS + "0.10.1 takes it (engine/arg_utils.py:503-504), read only by "
+                                   "the V0 engine's CUDA graphs; nothing replaced it: 0.33.0's graphs are sized in "
+                                   "tokens per step, --max-cudagraph-capture-size (engine/arg_utils.py:1827)"),
+    "max-num-partial-prefills": Gone("vllm", "0.19.0", "", _STOPS + "0.19.0 takes it (engine/arg_utils.py:1221-1222), "
+                                     "which its V1 scheduler does not read (only the ROCm AITER attention backend, "
+                                     "v1/attention/backends/rocm_aiter_fa.py:476); nothing replaced it"),
+    "cuda-graph-sizes": Gone("vllm", "0.11.0", "CUDA-graph memory and time: the batch sizes captured",
+                             _STOPS + "0.11.0 takes it (engine/arg_utils.py:893-894); 0.33.0's are "
+                             "--cudagraph-capture-sizes and --max-cudagraph-capture-size (engine/arg_utils.py:"
+                             "1824-1828)", first="0.9.0")}  # (added with SchedulerConfig.cuda_graph_sizes in 0.9.0)
 
 
 # keys that tell a bare `vllm serve --config` YAML from SGLang's (readers.kind_of): serve flags of vLLM 0.33's parser
@@ -108,14 +115,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-
-
 def account(r: Reading, rest: list[str], no_effect, effect, aliases: dict | None = None,
             abbreviated=None, gone: dict | None = None, engine: str = "") -> None:
     """Each flag left over listed as without effect, as not modelled (what it changes), as one the engine's parser
     refuses, or as unknown; `aliases`: other spellings of those flags. `gone`: flags the parser of `engine` (its name
-    and release, "vLLM 0.33.0") refuses that another release took, each with why and what replaced it: one line each
-    among what the engine's own parser says (Reading.warned), neither modelled nor given an effect. `abbreviated`:
+    and release, "vLLM 0.33.0") refuses that another release took (readers.Gone): one line each among what the
+    engine's own parser says (Reading.warned), kept in Reading.gone for a file of that release (settle_release).
+    `abbreviated`:
     where the engine's argparse takes a flag's unique prefix for the flag (allow_abbrev), the whole flags trainfit
     knows: an unknown one that begins exactly one of them is named with it (trainfit reads whole names only: the
     engine's other flags, which it does not list, decide the prefix)."""
@@ -123,7 +129,9 @@ def account(r: Reading, rest: list[str], no_effect, effect, aliases: dict | None
     for k, v in leftover_flags(rest):
         k = (aliases or {}).get(k, k)
         if k in (gone or {}):
-            r.warned.append(f"--{k}: {engine} has no such flag: {gone[k]}")
+            line = f"--{k}: {engine} has no such flag: {gone[k].why}"
+            r.warned.append(line)
+            r.gone.append((f"--{k}", v, gone[k], line))
         elif k in no_effect:
             r.skip(f"--{k}", v, "no effect on memory or time")
         elif k in effect:
