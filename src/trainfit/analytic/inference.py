@@ -597,8 +597,8 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, o_gemm + casts_o,
         mlp_first + casts_mlp, mlp_last + casts, head, _q_norm_moment(spec, setup, tokens, casts_attn),
         _rotary_moment(spec, setup, tokens, casts_attn)))
-    # NB: a one-token matmul's oneDNN scratch (a CPU step in 16 bits: onednn.py) is not counted at decode, an
-    # under-count where the decode peak falls inside one (tiny-gpt-oss 2 x 128 bf16 CPU: -3.9 %, its eager bmm)
+    # NB: an eager attention bmm's oneDNN scratch (a CPU step in 16 bits: onednn.py) is not counted at decode, an
+    # under-count where the decode peak falls inside one (tiny-gpt-oss 2 x 128 bf16 CPU: -4.3 %)
     decode = (weights + pixels + ids + INDEX * setup.batch + linear_state_bytes(spec, setup) + casts + head_cast
               + _decode_moment(spec, setup, logits))
     return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))
@@ -680,8 +680,12 @@ def _decode_moment(spec: ModelSpec, setup: Setup, logits: float) -> float:
     b = setup.batch
     attn, mlp, add = _prefill_moments(spec, one, b, keys=setup.seq + 1)
     between = _decode_cache_between(spec, setup)
+    # inside the layer's largest one-token matmuls, their oneDNN scratch (a 16-bit CPU step: onednn.py) beside their
+    # output, the running layer's cache already updated (traced decode of tiny-llama bf16 at 4 x 64: the down
+    # projection's 134,784 B of scratch at the step's high point)
+    gemms = _prefill_gemms(spec, one, b, attn, mlp)
     return max(_decode_cache_moment(spec, setup) + attn,
-               between + max(mlp, add, _linear_moment(spec, one, b)),
+               between + max(mlp, add, _linear_moment(spec, one, b), *gemms),
                between + _held(spec, one, b) + logits)
 
 
