@@ -137,3 +137,17 @@ def test_the_plans_title_names_the_engine_and_release_modelled(capsys, server, t
     main(["plan", "llama-3.1-8b", "--mode", "serve", "--server", server, "--concurrency", "16",
           "--max-model-len", "4096", "--gpu", "H100-80GB"])
     assert title in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("how", [["--concurrency", "16", "--max-model-len", "8192"],
+                                 ["--request-rate", "1", "--prompt-len", "2048", "--completion-len", "512"]])
+def test_a_quantised_checkpoint_is_planned_as_it_loads(capsys, how):
+    """DeepSeek-V3's config.json stores FP8 weights (quantization_config: e4m3 in 128 x 128 blocks, the DeepSeek-V3
+    repo's README_WEIGHTS.md), which vLLM loads as stored: plan --mode serve sizes them so, as `estimate --mode serve`
+    does (setup/request.py). In bf16 its 671B parameters (1.34 TB) fit on no 8 x 141 GB node; in FP8 (671 GB) they do.
+    Before: every layout judged at bf16, nothing served."""
+    main(["plan", "deepseek-v3", "--mode", "serve", "--gpu", "H200", *how, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["plans"] and all(p["tp"] == 8 for p in out["plans"])
+    spec = load_model("deepseek-v3")
+    assert spec.checkpoint_quant == "fp8" and 671e9 * 2 > 8 * 141e9 > 671e9 * 1

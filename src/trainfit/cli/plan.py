@@ -292,7 +292,7 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
     spec = token_model(model, "plan")
     gpus = _serve_gpus(gpu, price)
     base = Setup(mode="serve", server=server, precision=precision or serve_dtype(spec), max_model_len=max_model_len,
-                 kv_dtype=kv_cache_dtype)
+                 kv_dtype=kv_cache_dtype, quant=spec.checkpoint_quant)  # (a quantised checkpoint loads as stored)
     plans, why_not = serve_plans(spec, gpus, concurrency, base, tpot_ms / 1e3 if tpot_ms else None, top, tp)
     if emit:
         _emit_serve(emit, model, spec, plans, why_not, "load", lambda best: (
@@ -392,7 +392,8 @@ def _plan_rate(model, gpu, price, rate, concurrency, ttft_ms, tpot_ms, prompt_le
     p = prompt_len or BY_NAME["prompt_len"].default
     o = completion_len or BY_NAME["completion_len"].default
     base = Setup(mode="serve", server=server, precision=precision or serve_dtype(spec), prompt_len=p,
-                 completion_len=o, max_model_len=max_model_len or p + o, kv_dtype=kv_cache_dtype)
+                 completion_len=o, max_model_len=max_model_len or p + o, kv_dtype=kv_cache_dtype,
+                 quant=spec.checkpoint_quant)  # (a quantised checkpoint loads as stored: setup/request.py)
     plans, why_not = serve_rate_plans(spec, gpus, rate, base, ttft_ms / 1e3 if ttft_ms else None,
                                       tpot_ms / 1e3 if tpot_ms else None, top, tp)
     if emit:
