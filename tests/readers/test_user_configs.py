@@ -135,6 +135,18 @@ def test_torchtitan_config_file_not_found_is_one_line_and_exit_2(tmp_path, cli):
     assert code == 2 and err.startswith("error:") and "--job.config_file" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("name, flavor", [("llama4", "17bx16e"), ("gpt_oss", "120b")])
+def test_a_torchtitan_model_trainfit_does_not_build_is_named(tmp_path, cli, name, flavor):
+    """torchtitan 0.2.2's registry holds llama4 and gpt_oss (models/__init__.py), which trainfit does not model on
+    --stack torchtitan: the file's model is named with what to use instead, in one line, exit 2 (before: "names no
+    model: pass --model", and with --model the stack's refusal of the architecture)."""
+    pytest.importorskip("torchtitan")
+    job = tmp_path / "job.toml"
+    job.write_text(f'[model]\nname = "{name}"\nflavor = "{flavor}"\n[parallelism]\ndata_parallel_shard_degree = 8\n')
+    code, _, err = cli("check", str(job), "--gpu", "H100-80GB")
+    assert code == 2 and err.count("\n") == 1 and f"model.name '{name}'" in err and "--stack hf or megatron" in err
+
+
 # accelerate config's own FSDP1 shape (`accelerate config` with FSDP, no fsdp_version) and the FSDP2 one
 ACCELERATE = """compute_environment: LOCAL_MACHINE
 distributed_type: FSDP

@@ -356,6 +356,15 @@ def _model_ref(name: str, flavor: str, assets: str, r: Reading) -> str | None:
     """The model of a torchtitan flavor: <hf_assets_path>/config.json when downloaded, else the catalog model of the
     flavor's shape (plan.emit_torchtitan.torchtitan_flavor), the one whose hub id ends in hf_assets_path's folder
     name first."""
+    from ..stacks import get_stack
+
+    facts = get_stack("torchtitan").facts
+    # the registry models trainfit models: [models]' tables and [moe_models] model
+    built = {k for k, v in facts["models"].items() if isinstance(v, dict)} | set(facts["moe_models"]["model"].values())
+    if name not in built:
+        raise SetupError(f"{_file(r)}: model.name {name!r} (flavor {flavor}) is a torchtitan model trainfit does not "
+                         f"model on --stack torchtitan (it models {', '.join(sorted(built))}); estimate its "
+                         "architecture with --stack hf or megatron, e.g. `trainfit estimate MODEL --stack megatron`")
     cfg = Path(assets) / "config.json"
     if cfg.is_file():
         return str(cfg)
