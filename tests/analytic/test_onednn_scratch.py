@@ -89,6 +89,88 @@ def test_formula_equals_what_onednn_allocates_on_this_cpu(threads):
         torch.set_num_threads(before)
 
 
+# (M, K, N, A transposed): 1-row A (plain whatever its strides, K blocked as transposed) and mm's M×1 result (run as
+# Cᵀ = Bᵀ·Aᵀ): brg_matmul's rules on every ISA, not only AMX's
+ONE_ROW_SHAPES = [(1, 2048, 1000, False), (1, 1000, 17, True), (1, 4096, 128, False), (1000, 256, 1, True),
+                  (256, 1000, 1, False), (2048, 2048, 1, False)]
+# (batch, M, K, N, A transposed, B transposed): small-nemotron_h's scan bmm (C_times_states, new_states, G), batches
+# whose work lets oneDNN take larger M blocks than the 2-D problem, a 1-row A, a K split at batch 1 only, the gate
+BMM_SHAPES = [(16, 128, 256, 64, False, True), (16, 2, 2, 16384, False, False), (16, 128, 256, 128, False, False),
+              (2, 128, 256, 64, False, True), (16, 128, 64, 256, True, False), (3, 100, 1000, 17, False, False),
+              (16, 1, 2048, 1, False, False), (7, 1, 2048, 1000, False, True), (2, 256, 4096, 64, True, False),
+              (1, 256, 4096, 64, True, False), (64, 16, 16, 16, False, False), (8, 1024, 4096, 64, False, False)]
+
+
+def _skip_unchecked_isa():
+    isa = onednn.effective_isa()
+    if isa == "avx2_vnni_2":
+        pytest.skip(f"oneDNN's blocking on {isa} is not checked against a real CPU (analytic/onednn.py)")
+    if isa in ("avx512_core_amx", "avx512_core_amx_fp16"):
+        pytest.skip("a 1-row A / a batch on AMX: onednn_amx.py's own rules, or not ported (analytic/onednn.py NB)")
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_one_row_and_one_column_products_equal_what_onednn_allocates(threads):
+    torch = pytest.importorskip("torch")
+    _skip_unchecked_isa()
+    from bench.studies import onednn_scratch
+    on_path = onednn.onednn_matmul("bf16")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for m, k, n, ta in ONE_ROW_SHAPES:
+            formula = onednn.matmul_scratch(m, k, n, transposed_a=ta, transposed_b=not ta,
+                                            threads=threads) if on_path else 0
+            assert formula == onednn_scratch.measured(m, k, n, ta, not ta), (m, k, n, ta, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _bmm(torch, b, m, k, n, ta, tb, gap=1):
+    """bf16 operands for torch.bmm, A (b, m, k) and B (b, k, n) plain or transposed; `gap` spaces B's matrices
+    (batch stride gap·k·n, as a view of every other matrix)."""
+    a = torch.zeros(b, k, m, dtype=torch.bfloat16).transpose(1, 2) if ta else torch.zeros(b, m, k, dtype=torch.bfloat16)
+    w = torch.zeros(b * gap, n, k, dtype=torch.bfloat16)[::gap].transpose(1, 2) if tb else \
+        torch.zeros(b * gap, k, n, dtype=torch.bfloat16)[::gap]
+    return a, w
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_batched_formula_equals_what_bmm_allocates_on_this_cpu(threads):
+    """aten.bmm in bf16 reaches oneDNN with its batch (mkldnn_matmul): the batch feeds the blocking's parallel work;
+    the per-thread buffers are one block's."""
+    torch = pytest.importorskip("torch")
+    _skip_unchecked_isa()
+    from trainfit.trace.kernel_scratch import scratch_of
+    on_path = onednn.onednn_matmul("bf16")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for b, m, k, n, ta, tb in BMM_SHAPES:
+            a, w = _bmm(torch, b, m, k, n, ta, tb)
+            peak, live = scratch_of(lambda: torch.bmm(a, w))
+            formula = onednn.matmul_scratch(m, k, n, transposed_a=ta, transposed_b=tb, threads=threads,
+                                            batch=b) if on_path else 0
+            assert formula == peak - live, (b, m, k, n, ta, tb, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_bmm_copies_an_operand_whose_matrices_are_not_packed():
+    """mkldnn_matmul copies an operand that is neither contiguous nor transposed with packed matrices (Mamba-2's
+    chunk states at one chunk, a view of every other matrix): the copy, then the primitive's scratch on the copy."""
+    torch = pytest.importorskip("torch")
+    _skip_unchecked_isa()
+    from trainfit.trace.kernel_scratch import scratch_of
+    cpu_amp = Setup(batch=2, seq=128, precision="amp-bf16", device="cpu")
+    for b, m, k, n, tb in [(16, 128, 256, 64, True), (4, 64, 128, 256, False)]:
+        a, w = _bmm(torch, b, m, k, n, False, tb, gap=2)
+        peak, live = scratch_of(lambda: torch.bmm(a, w))
+        assert onednn.bmm_scratch(cpu_amp, b, m, k, n, transposed_b=tb, copied_b=True) == peak - live, (b, m, k, n)
+    assert onednn.bmm_scratch(cpu_amp.with_(device="cuda"), 16, 128, 256, 64, copied_b=True) == 0
+    assert onednn.bmm_scratch(cpu_amp, 2, 8, 8, 8) == 0  # b·m·n·k <= 16³: not oneDNN
+
+
 def test_the_steps_matmuls_use_this_cpus_threads():
     setup = Setup(batch=2, seq=128, precision="amp-bf16", device="cpu")
     expected = onednn.matmul_scratch(256, 128, 1000, threads=onednn.cpu_threads()) if onednn.onednn_matmul() else 0

@@ -177,19 +177,8 @@ KNOWN_GAPS.update({
 # recompute moments price as the flash kernel's q, k, v and output (the prefill's are priced: inference
 # _math_sdpa_prefill).
 
-try:  # the CPU's 16-bit oneDNN matmul path (off under ONEDNN_MAX_CPU_ISA=AVX2)
-    import torch as _torch
-    _ONEDNN_BF16 = bool(_torch.ops.mkldnn._is_mkldnn_bf16_supported())
-except (AttributeError, RuntimeError):
-    _ONEDNN_BF16 = False
-if _ONEDNN_BF16:
-    KNOWN_GAPS["nemotron_h-amp-bf16-full-adamw-cpu"] = (
-        "the oneDNN scratch of the Mamba-2 scan's last bmm under autocast (C_times_states, modeling_nemotron_h.py:359, "
-        "a batched bf16 matmul: onednn.matmul_scratch models 2-D matmuls): inside the re-run forward's last scan bmm "
-        "(the step's high point, "
-        "mamba2.scan_autocast_train) the trace holds 657,024 B of probed batched-bmm scratch the analytic engine does "
-        "not price (-1.55 %; -0.16 % under ONEDNN_MAX_CPU_ISA=AVX2, where there is none)")
-
+# Fixed: nemotron_h-amp-bf16-full-adamw-cpu on oneDNN's bf16 path, the scan's last bmm's scratch
+# (mamba2.scan_bmm_scratch): -1.55 % -> -0.16 %.
 
 # Families checked in a file of their own (a tower beside the language model, its own shrunk sizes and image
 # counts), left out of the matrix so that the others keep their setups

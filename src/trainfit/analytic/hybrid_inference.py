@@ -74,7 +74,8 @@ def prefill_moments(spec: ModelSpec, setup: Setup) -> list[float]:
         # (NemotronHRMSNorm returns the input's dtype) and the position ids NemotronHModel builds
         held = (2 if i == 0 else 3) * r * h * tokens + INDEX * setup.seq
         own = st.act * (mamba2.in_proj_params(spec) + mamba2.conv_bias_cast(spec)) if st.autocast else 0.0
-        mixer = max(mamba2.mixer_prefill(spec, st, setup.batch, setup.seq, setup.device))
+        mixer = max(mamba2.mixer_prefill(spec, st, setup.batch, setup.seq, setup.device,
+                                         mamba2.scan_bmm_scratch(spec, setup, st)))
         out.append(held + mixer + cache_before(spec, setup, i, setup.seq)
                    + setup.batch * mamba2.conv_state_bytes(spec, st) + casts(i) + own)
     for kind, moment in (("attention", attn_moment), ("mlp", mlp_moment)):

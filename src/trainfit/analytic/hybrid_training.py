@@ -75,8 +75,8 @@ def mamba_kind(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, held:
         # its high point is the scan's as in a prefill (mamba2.mixer_prefill), beside the block's input and the
         # norm's output
         rerun = norm + live + (CPU_RNG_STATE if setup.device == "cpu" else 0)
-        first = block_input + st.act * h * tokens + max(mamba2.mixer_prefill(spec, st, setup.batch, setup.seq,
-                                                                              setup.device))
+        first = block_input + st.act * h * tokens + max(mamba2.mixer_prefill(
+            spec, st, setup.batch, setup.seq, setup.device, mamba2.scan_bmm_scratch(spec, setup, st)))
         return LayerKind(held, rerun + incoming, 0.0, 0.0, gradients=grads, forward=first)
     saved = (norm_saved(spec, st, tokens) + live - transient + mamba2.gated_norm_train(spec, st, tokens)
              + out_proj_cast(spec, st))
@@ -96,7 +96,8 @@ def scan_train(spec: ModelSpec, setup: Setup, st: StateBytes) -> tuple[float, fl
     linear saves (aten/src/ATen/autocast_mode.cpp cached_cast: an fp32 leaf that requires grad)."""
     if not st.autocast:
         return mamba2.scan_end_train(spec, st, setup.batch, setup.seq)
-    inside, end, transient = mamba2.scan_autocast_train(spec, st, setup.batch, setup.seq, setup.device)
+    inside, end, transient = mamba2.scan_autocast_train(spec, st, setup.batch, setup.seq, setup.device,
+                                                        mamba2.scan_bmm_scratch(spec, setup, st)[1])
     return max(inside, end) + st.act * spec.hidden * mamba2.scan_shape(spec, 1, 1).proj, transient + max(
         0.0, inside - end)
 

@@ -26,6 +26,7 @@ from math import ceil
 
 from ..spec import ModelSpec
 from .activations import FP32
+from .onednn import bmm_scratch
 from .precision import StateBytes
 
 
@@ -111,7 +112,28 @@ def state_bytes_per_sequence(spec: ModelSpec, st: StateBytes) -> int:
     return conv_state_bytes(spec, st) + ssm_state_bytes(spec, st)
 
 
-def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int, device: str) -> tuple[float, float, float]:
+def scan_bmm_scratch(spec: ModelSpec, setup, st: StateBytes) -> tuple[int, int]:
+    """(new_states', C_times_states'): what the two einsums' bmm (:351, :359) allocate inside themselves, 16-bit under
+    autocast, on a CPU with oneDNN's 16-bit path (onednn.bmm_scratch; 0 elsewhere, and in fp32: the scan upcasts):
+      new_states: b·H products of decay_chunk (c + 1)×(c + 1) by the states (c + 1)×(P·N), both plain;
+      C_times_states: b·c·H products of C's chunk Q×N by its state N×P, transposed (the states' P·N rows). At one
+        chunk the states reach it as a view of new_states[:, :-1] whose batch stride is (c + 1)·P·N (einsum's
+        bmm makes new_states as (b·H, c + 1, P·N) and permutes it), which mkldnn_matmul copies; past one chunk
+        einsum hands it a contiguous copy (einsum_copies), not copied again.
+    Read off the probed bmm calls of traced steps (small-nemotron_h amp-bf16 at 2 x 128, CPU: C_times_states'
+    (16, 128, 256) · (16, 256, 64), strides (32768, 1, 256): 524,288 B for the copy + 132,736 B of oneDNN's
+    scratchpad at 2 threads)."""
+    if not st.autocast:
+        return 0, 0
+    x = scan_shape(spec, setup.batch, setup.seq)
+    b, h, p, n, q, c = x.batch, x.heads, x.head_dim, x.state, x.chunk, x.chunks
+    states = bmm_scratch(setup, b * h, c + 1, c + 1, p * n)
+    last = bmm_scratch(setup, b * c * h, q, n, p, transposed_b=True, copied_b=c == 1)
+    return states, last
+
+
+def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int, device: str,
+                  scratch: tuple[float, float] = (0, 0)) -> tuple[float, float, float]:
     """(inside the chunk states' bmm, inside the last einsum's bmm, the scan's end): the mixer's live bytes at its
     three candidate high points, the block's input, its norm and the cache aside. Each tensor by the source line
     that makes it:
@@ -142,6 +164,7 @@ def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int, device:
     inside new_states' bmm (:351) the concatenated states (b, c + 1, H, P, N) and their contiguous copy, in e, with
     state_decay_out and the last einsum not made yet (the moment that tops the others where the state is wide:
     d_state 256, Nemotron-H 47B/56B).
+    `scratch`: what the two bmm allocate inside themselves (scan_bmm_scratch), added to their moments.
     NB: the scan's few (s,), (Q, Q) boolean masks and int64 helpers, and under autocast the 16-bit casts of the
     other einsums' inputs (freed by their bmm), are left out."""
     x = scan_shape(spec, batch, seq)
@@ -159,10 +182,10 @@ def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int, device:
             + e * batch * h * p * n * (c + 2)  # initial zero state, new_states
             + FP32 * batch * h * (c + 1) ** 2)  # decay_chunk
     last_out = e * tp * h * p  # C_times_states' bmm output
-    states = mixer + scan - FP32 * tp * h + 2 * e * batch * h * (c + 1) * p * n
+    states = mixer + scan - FP32 * tp * h + 2 * e * batch * h * (c + 1) * p * n + scratch[0]
     chunked = e * batch * c * h * p * n if c > 1 else 0  # (scan_end_train, einsum_copies)
     inside = mixer + scan + last_out + (einsum_copy_bytes(st, device) + (a if st.autocast else 0)) * tp * h * n \
-        + chunked
+        + chunked + scratch[1]
     end = mixer + scan + last_out + 3 * FP32 * tp * h * p
     return states, inside, end
 
@@ -310,8 +333,8 @@ def block_norm_train(spec: ModelSpec, st: StateBytes, tokens: int) -> float:
     return FP32 * tokens * h * (2 if upcasts(st) else 1) + FP32 * tokens + st.act * tokens * h
 
 
-def scan_autocast_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int,
-                        device: str) -> tuple[float, float, float]:
+def scan_autocast_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int, device: str,
+                        scratch: float = 0) -> tuple[float, float, float]:
     """(inside, end, transient): under autocast, the mixer's live bytes in a grad-mode forward inside its last
     einsum's bmm (C_times_states, :359) and at its scan's end (:365), and of those at the end the ones freed when the
     mixer returns (the rest autograd saves).
@@ -352,6 +375,7 @@ def scan_autocast_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int,
     higher moment wherever 3·FP32·P > a·N (small-nemotron_h at 2 x 128, CUDA semantics: inside 44,748,288 B, end
     45,272,576 B of the step; read off the trace tensor by tensor, each einsum's operand casts born before its
     permuted copies).
+    `scratch`: what the last bmm allocates inside itself (scan_bmm_scratch), added to the moment inside it.
     NB: the conv bias's 16-bit cast (cached) and the (T,) int64 position helpers are left out."""
     x = scan_shape(spec, batch, seq)
     a, d = st.act, dt_bytes(st, device)
@@ -366,7 +390,7 @@ def scan_autocast_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int,
             + 2 * (q * q + (c + 1) ** 2) + 2 * FP32 * h)
     chunked = c > 1  # (einsum_copies)
     scan += a * batch * c * h * p * n if chunked else 0
-    inside = entry + dt + scan + einsum_copy_bytes(st, device) * tp * h * n
+    inside = entry + dt + scan + einsum_copy_bytes(st, device) * tp * h * n + scratch
     end = entry + dt + scan + 3 * FP32 * tp * h * p
     # freed when the mixer returns: in_proj's output, the SiLU's, C repeated, B_decay, D_residual (held by the
     # output's add: NB counted freed), x·dt's chunked copy, M, the chunk states' output, Y_diag's bmm output, the

@@ -179,14 +179,15 @@ class Blocking:
 
 
 def _imbalance(m: int, n: int, k: int, nthr: int, m_blk: int, n_blk: int, n_chunk: int, k_blk: int,
-               nthr_k: int) -> float:
-    """matmul_avx512_blocking_params_t::get_imbalance (brgemm_matmul_utils.cpp:781-811), in float as there."""
+               nthr_k: int, batch: int = 1) -> float:
+    """matmul_avx512_blocking_params_t::get_imbalance (brgemm_matmul_utils.cpp:781-811), in float as there; the
+    parallel work counts the batch (get_parallel_work :813-818)."""
     def disbalance(work: int, block: int) -> float:  # :774-779 calculate_spatial_disbalance
         mod = work % block
         return _f32((block - mod if work < block else min(block - mod, mod)) / block)
 
     cur = nthr // nthr_k
-    work = _div_up(m, m_blk) * _div_up(n, n_blk * n_chunk)
+    work = _div_up(m, m_blk) * _div_up(n, n_blk * n_chunk) * batch
     num_n_blk = _div_up(n, n_blk)
     terms = (disbalance(work, cur), _f32((m_blk * _div_up(m, m_blk)) % m / m),
              _f32((_div_up(num_n_blk, n_chunk) * n_chunk - num_n_blk) / num_n_blk), _f32(disbalance(k, nthr_k * k_blk)),
@@ -198,40 +199,49 @@ def _imbalance(m: int, n: int, k: int, nthr: int, m_blk: int, n_blk: int, n_chun
 
 
 @lru_cache(maxsize=4096)
-def brgemm_blocking(m: int, k: int, n: int, nthr: int, transposed_a: bool, avx2: bool = False) -> Blocking:
-    """brg_matmul's blocking for a 2-D 16-bit problem given as plain or transposed strides (what mkldnn_gemm passes):
-    compute_blocking_heuristic_avx512 (brgemm_matmul_utils.cpp:860-1023), or _avx2 (:1025-1081) on avx2_vnni_2.
+def brgemm_blocking(m: int, k: int, n: int, nthr: int, transposed_a: bool, avx2: bool = False,
+                    batch: int = 1) -> Blocking:
+    """brg_matmul's blocking for a 16-bit problem given as plain or transposed strides (what mkldnn_gemm and
+    mkldnn_matmul pass), `batch` matrices of M×K · K×N (aten.bmm's: B has a batch dimension, so oneDNN does not
+    merge the batch into M, init_brgemm_matmul_conf :1647-1660): compute_blocking_heuristic_avx512
+    (brgemm_matmul_utils.cpp:860-1023), or _avx2 (:1025-1081) on avx2_vnni_2. The batch enters only as parallel
+    work (:892, :999, :1049) and by keeping K whole (:921); the bookings do not read it (init_aux_values :2039-2249).
     N_blk starts at min(64, N) (:1168-1169) and is never cut to 32: B comes with its strides, so n_blk_fixed
     (:357). 16-bit B is always copied to the VNNI layout (use_buffer_b, brgemm_matmul_utils.hpp:298-329); A is
-    copied when transposed (:1722-1732) or when K is a big power of 2 with M >= 1024 (:1173-1181, prefer_copy_a)."""
+    copied when transposed (:1722-1732) or when K is a big power of 2 with M >= 1024 (:1173-1181, prefer_copy_a).
+    A 1-row A takes the transposed tag whatever its strides (matmul_helper_t::transA() is 'T' at M = 1,
+    src/cpu/matmul/matmul_utils.hpp:50-53; set_or_check_tags :561-588), which the heuristic reads (`a_tag_t`), but is
+    not copied (treat_A_as_plain :1642-1645)."""
+    a_tag_t = transposed_a or m == 1
     n_blk = min(N_BLOCK, n)
     n_chunks = _div_up(n, n_blk)
-    copy_a = transposed_a or _copy_a_preferred(m, k, transposed_a, avx2)
+    copy_a = _a_copied(m, k, transposed_a, avx2)
     n_chunk_start = min(16 if copy_a else 1, n_chunks)  # :878-880 max_n_chunks
     max_m_blk, min_m_blk = min(M_BLOCK_MAX, m), min(M_BLOCK_MIN, m)
-    low_work = nthr > n_chunks  # :884-886 (batch 1)
+    low_work = nthr > batch * n_chunks  # :892-894 (max_parallel = batch · N chunks)
     if low_work:
         min_m_blk = min(m, M_BLOCK_MIN_LOW_WORK)
     if avx2:
         k_blk, start_nthr_k = min(k, K_BLOCK_AVX2), 1
     else:
-        k_blk = min(k, K_BLOCK_EXTENDED if (k > 1024 and not transposed_a) else K_BLOCK)
-        # :920-928: a transposed A (a weight gradient) with a big power-of-2 K splits K over up to 4 threads
-        start_nthr_k = min(nthr, 4) if (low_work and transposed_a and k >= 2048 and k & (k - 1) == 0) else 1
+        k_blk = min(k, K_BLOCK_EXTENDED if (k > 1024 and not a_tag_t) else K_BLOCK)
+        # :920-928: a transposed A (a weight gradient) with a big power-of-2 K splits K over up to 4 threads (batch 1)
+        start_nthr_k = min(nthr, 4) if (low_work and batch == 1 and a_tag_t and k >= 2048
+                                        and k & (k - 1) == 0) else 1
     best, best_score = None, 1.0
     for nthr_k in range(start_nthr_k, 0, -1):
         found = False
         for n_chunk in range(n_chunk_start, 0, -1):
             for m_blk in range(max_m_blk, min_m_blk - 1, -1):
-                score = _imbalance(m, n, k, nthr, m_blk, n_blk, n_chunk, k_blk, nthr_k)
-                work = _div_up(m, m_blk) * _div_up(n, n_blk * n_chunk)
+                score = _imbalance(m, n, k, nthr, m_blk, n_blk, n_chunk, k_blk, nthr_k, batch)
+                work = batch * _div_up(m, m_blk) * _div_up(n, n_blk * n_chunk)
                 bmn = nthr // nthr_k
                 if not avx2 and work < bmn * 3 and work % bmn != 0 and start_nthr_k == 1:  # :1001-1004
                     continue
                 if score < best_score:
                     best, best_score, found = Blocking(m_blk, n_blk, n_chunk, k_blk, nthr_k), score, True
         if not found and not avx2:  # :1013-1019
-            score = _imbalance(m, n, k, nthr, min_m_blk, n_blk, 1, k_blk, nthr_k)
+            score = _imbalance(m, n, k, nthr, min_m_blk, n_blk, 1, k_blk, nthr_k, batch)
             if score < best_score:
                 best, best_score = Blocking(min_m_blk, n_blk, 1, k_blk, nthr_k), score
         if avx2:
@@ -239,9 +249,12 @@ def brgemm_blocking(m: int, k: int, n: int, nthr: int, transposed_a: bool, avx2:
     return best or Blocking(min_m_blk, n_blk, 1, k_blk, 1)
 
 
-def _copy_a_preferred(m: int, k: int, transposed_a: bool, avx2: bool) -> bool:
-    """prefer_copy_a for 16-bit (brgemm_matmul_utils.cpp:1173-1181; lda_big_pow2, brgemm_matmul_utils.hpp:267-271)."""
-    return not avx2 and not transposed_a and k & (k - 1) == 0 and k >= 8192 // 2 and m >= 1024
+def _a_copied(m: int, k: int, transposed_a: bool, avx2: bool) -> bool:
+    """use_buffer_a for 16-bit: a transposed A of more than one row (:1722-1732, treat_A_as_plain :1642-1645), or
+    prefer_copy_a (brgemm_matmul_utils.cpp:1173-1181; lda_big_pow2, brgemm_matmul_utils.hpp:267-271)."""
+    if transposed_a:
+        return m != 1
+    return not avx2 and k & (k - 1) == 0 and k >= 8192 // 2 and m >= 1024
 
 
 def gemm_scratch(setup, m: float, k: float, n: float, transposed_a: bool = False,
@@ -259,15 +272,39 @@ def gemm_scratch(setup, m: float, k: float, n: float, transposed_a: bool = False
                           transposed_b=transposed_b)
 
 
+def bmm_scratch(setup, batch: float, m: float, k: float, n: float, *, transposed_a: bool = False,
+                transposed_b: bool = False, copied_a: bool = False, copied_b: bool = False) -> int:
+    """The c10 bytes one of the step's aten.bmm (`batch` × m×k · k×n in the compute dtype) allocates and frees inside
+    the op under `setup`, 0 where gemm_scratch's path is off: a 16-bit bmm calls mkldnn_matmul (LinearAlgebra.cpp
+    bmm_out_or_baddbmm_: `use_mkldnn_bf16_matmul(batch1, batch2, ...)`, whose checksize wants b·m·k·n > 16³,
+    Matmul.cpp), which first copies an operand that is neither contiguous nor transposed with its matrices packed
+    (is_mkldnn_optimized_format: batch stride m·k, Matmul.cpp mkldnn_matmul) into a contiguous 16-bit one
+    (`copied_a` / `copied_b`: the caller's layout), live through the primitive, then runs the primitive on the batch
+    (matmul_scratch). A copied operand reaches oneDNN plain."""
+    from ..precision import PRECISIONS  # noqa: PLC0415
+
+    pol = PRECISIONS[setup.precision]
+    b, m, k, n = (max(1, int(x)) for x in (batch, m, k, n))
+    if setup.device != "cpu" or not onednn_matmul(pol.compute) or b * m * n * k <= MKLDNN_GEMM_MIN:
+        return 0
+    copies = 2 * b * (m * k * copied_a + k * n * copied_b)
+    return copies + matmul_scratch(m, k, n, transposed_a=transposed_a and not copied_a,
+                                   transposed_b=transposed_b and not copied_b, batch=b)
+
+
 def matmul_scratch(m: int, k: int, n: int, *, transposed_a: bool = False, transposed_b: bool | None = None,
-                   threads: int | None = None, isa: str | None = None) -> int:
+                   threads: int | None = None, isa: str | None = None, batch: int | None = None) -> int:
     """Bytes of the scratchpad oneDNN's matmul primitive books for C (m×n, 16-bit) = A (m×k) · B (k×n) on `isa`
     (default: this CPU's effective ISA), with `threads` threads (default: cpu_threads()); 0 where the call does not
     reach oneDNN (m·n·k <= 16³, or an ISA without the 16-bit path). Every booking is its size + ALIGN.
+    `batch`: None for aten.mm's 2-D call (mkldnn_gemm), else aten.bmm's batch of such products (mkldnn_matmul: a
+    3-D problem; the gate is batch·m·n·k > 16³). On brg_matmul the batch changes only the blocking (brgemm_blocking:
+    more parallel work, so larger M blocks where M alone could not feed the threads); the per-thread buffers are
+    one block's, whatever the batch.
     brg_matmul (init_scratchpad, brgemm_matmul_utils.cpp:2251-2316, sizes from init_aux_values :2039-2249), per thread:
       batch elements  16 · 40 B;
-      A's copy        M_blk · LDA · 2 (transposed A; LDA = k_blk rounded up to 32, + 32 at a power of 2 >= 512:
-                      get_actual_lda :820-829);
+      A's copy        M_blk · LDA · 2 (a transposed A of 2 rows or more; LDA = k_blk rounded up to 32, + 32 at a
+                      power of 2 >= 512: get_actual_lda :820-829);
       B's VNNI copy   rnd_up(N_blk, 64) · rnd_up(K_blk, 32) · 2;
       fp32 C buffer   M_blk · N_blk · 4 (× the N chunk when K spans several K blocks; with K split over threads,
                       M · N · 4). The C buffer is always booked for a 16-bit output: is_buffer_c_required (:831-839)
@@ -279,46 +316,49 @@ def matmul_scratch(m: int, k: int, n: int, *, transposed_a: bool = False, transp
     AMX (avx512_core_amx, avx512_core_amx_fp16): analytic/onednn_amx.py's port of the AMX blocking heuristics and
     bookings (with the AMX tile workspace), given B's layout `transposed_b` (default: not transposed_a, as nn.Linear's
     forward and weight gradient; its input gradient grad·W has a plain B); a problem whose A block is tiny (<= 126
-    B) goes to avx512_core_bf16, as oneDNN hands it on. An M×1 result is computed as Cᵀ = Bᵀ·Aᵀ (torch keeps it
-    column-major), and a 1-row A is plain whatever its strides (treat_A_as_plain).
+    B) goes to avx512_core_bf16, as oneDNN hands it on.
+    On brg_matmul (every ISA but gemm:jit:bf16's) an mm's M×1 result is computed as Cᵀ = Bᵀ·Aᵀ (torch keeps it
+    column-major), and a 1-row A is plain whatever its strides (treat_A_as_plain; brgemm_blocking).
     NB: the sizes are bf16's; an fp16 matmul (on the path from avx512_core_fp16 up) is taken as bf16 (unverified,
     direction unknown). On AMX exact against the probe (bench onednn_scratch --full at 1 and 2 threads; 1,080 random
     shapes, plain/transposed A and B, M/K/N from 1 to 8192, 1-32 threads); avx512_core_amx_fp16 (no small-shape
-    hand-off there) is not checked on a real CPU. On the other ISAs an M×1 result and a transposed 1-row A are not
-    special-cased as on AMX: their sizes can be off there, either direction (measured on AVX512_CORE_BF16: a weight
-    gradient with N = 1 read 1.4-1.5x over, an M×1 input gradient 0.3 % under)."""
-    if m * n * k <= MKLDNN_GEMM_MIN:
+    hand-off there) is not checked on a real CPU. On AVX512_CORE_BF16 exact against the probe for 2-D and batched
+    shapes, M or N = 1 among them (tests/analytic/test_onednn_scratch.py).
+    NB: on AMX a batch is not ported (onednn_amx.py is the 2-D heuristics): a bmm is priced as one of its matrices
+    (direction unknown)."""
+    b = 1 if batch is None else batch
+    if b * m * n * k <= MKLDNN_GEMM_MIN:
         return 0
     isa = effective_isa() if isa is None else isa
     nthr = cpu_threads() if threads is None else threads
     if isa is None or _PUBLIC.get(isa, 0) < _PUBLIC["avx2_vnni_2"]:
         return 0
     if isa in ("avx512_core", "avx512_core_vnni"):  # gemm:jit:bf16
-        def block(threads: int) -> int:
-            per = _div_up(m * n, threads)
+        def block(threads: int) -> int:  # get_scratchpad_block_elements (gemm_based_common.hpp:125-144)
+            per = _div_up(b * m * n, threads)
             return _rnd_up(min(m * n, per - per % n) if per >= n else per, 64)
         return ACC * max(block(1), nthr * block(nthr)) + ALIGN
+    tb = not transposed_a if transposed_b is None else transposed_b
+    if n == 1 and batch is None:  # addmm_impl_cpu_ keeps an M×1 result column-major (LinearAlgebra.cpp): Cᵀ=BᵀAᵀ
+        m, n, transposed_a, tb = 1, m, False, not transposed_a
     if isa in ("avx512_core_amx", "avx512_core_amx_fp16"):
-        tb = not transposed_a if transposed_b is None else transposed_b
-        if n == 1:  # addmm_impl_cpu_ keeps an M×1 result column-major (LinearAlgebra.cpp): oneDNN runs Cᵀ=BᵀAᵀ
-            m, n, transposed_a, tb = 1, m, False, not transposed_a
         transposed_a = transposed_a and m != 1  # treat_A_as_plain (brgemm_matmul_utils.cpp:1642-1645)
         amx = amx_scratch(m, k, n, nthr, transposed_a, tb, small_shape_check=isa == "avx512_core_amx")
         if amx is not None:
             return amx
         # small shapes: oneDNN hands this problem to brg_matmul:avx512_core_bf16, modelled below
     avx2 = isa == "avx2_vnni_2"
-    b = brgemm_blocking(m, k, n, nthr, transposed_a, avx2)
-    copy_a = transposed_a or _copy_a_preferred(m, k, transposed_a, avx2)
-    k_blk = b.k_blk
+    blk = brgemm_blocking(m, k, n, nthr, transposed_a, avx2, b)
+    copy_a = _a_copied(m, k, transposed_a, avx2)
+    k_blk = blk.k_blk
     total = nthr * BATCH_ELEMENTS_PER_THREAD * BATCH_ELEMENT + ALIGN
     if copy_a:
         lda = _rnd_up(k_blk, 32)
         lda += 32 if lda >= 512 and lda & (lda - 1) == 0 else 0
-        total += nthr * 2 * b.m_blk * lda + ALIGN
-    total += nthr * 2 * _rnd_up(b.n_blk, N_BLOCK) * _rnd_up(k_blk, WEI_K_BLOCK) + ALIGN
-    if b.nthr_k > 1:
+        total += nthr * 2 * blk.m_blk * lda + ALIGN
+    total += nthr * 2 * _rnd_up(blk.n_blk, N_BLOCK) * _rnd_up(k_blk, WEI_K_BLOCK) + ALIGN
+    if blk.nthr_k > 1:
         c = ACC * n * m
     else:
-        c = ACC * b.n_blk * b.m_blk * (1 if k_blk >= k else b.n_chunk)
+        c = ACC * blk.n_blk * blk.m_blk * (1 if k_blk >= k else blk.n_chunk)
     return total + nthr * c + ALIGN

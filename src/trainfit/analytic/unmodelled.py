@@ -24,15 +24,16 @@ experts' product rule read +1.92 % (+1.94 %); Scout with 2 layers at 1 x 4096 on
 Nemotron-H (transformers models/nemotron_h/modeling_nemotron_h.py) interleaves Mamba-2 blocks (NemotronHMamba2Mixer,
 :390-613) with attention and MLP blocks. Its inference memory is modelled (hybrid_inference.py, mamba2.py: the
 scan's live tensors at the prefill's high point, the conv + SSM state per sequence and Mamba block as cache, K and V
-for the attention blocks only; small-nemotron_h within 0.03 % of the trace (-2.5 % under amp-bf16 on a CPU with
-oneDNN's bf16 path: the scan's batched-bmm scratch), tiny-nemotron-h within 0.5 %), and so is its training in fp32
-and bf16 (hybrid_training.py, mamba2.scan_end_train: what autograd saves of the mixer, the scan's end in the forward
-and in a re-run forward, the scan's backward high point; the families matrix's cases within 0.05 % of the trace),
-and under autocast (mamba2.scan_autocast_train: the einsums' bmm in bf16, each keeping 16-bit casts of its
-operands, the high point inside the last bmm or at the scan's end; within 0.35 % of the trace at one and several
-chunks, -1.55 % on a CPU with oneDNN's bf16 path: the batched-bmm scratch). Under CUDA's autocast einsum casts its
-operands before copying them into its bmm (mamba2.einsum_copy_bytes: 16-bit copies where CPU autocast copies fp32),
-and the prefill past one chunk holds the chunk states' copy: small-nemotron_h amp-bf16 on CUDA semantics from
+for the attention blocks only; small-nemotron_h within 0.03 % of the trace, under amp-bf16 on a CPU with oneDNN's
+bf16 path too (the scan's batched-bmm scratch: mamba2.scan_bmm_scratch), tiny-nemotron-h within 0.5 %), and so is
+its training in fp32 and bf16 (hybrid_training.py, mamba2.scan_end_train: what autograd saves of the mixer, the
+scan's end in the forward and in a re-run forward, the scan's backward high point; the families matrix's cases
+within 0.05 % of the trace), and under autocast (mamba2.scan_autocast_train: the einsums' bmm in bf16, each keeping
+16-bit casts of its operands, the high point inside the last bmm or at the scan's end; within 0.35 % of the trace
+at one and several chunks, on a CPU with oneDNN's bf16 path with the last bmm's scratch: mamba2.scan_bmm_scratch).
+Under CUDA's autocast einsum casts its operands before copying them into its bmm (mamba2.einsum_copy_bytes: 16-bit
+copies where CPU autocast copies fp32), and the prefill past one chunk holds the chunk states' copy: small-nemotron_h
+amp-bf16 on CUDA semantics from
 +1.10 % to -0.06 % (training, 2 x 128; 2 x 256: +1.35 % to -0.04 %), +4.17 % to -0.02 % (prefill, 2 x 128),
 +2.34 % to -0.02 % (prefill, 2 x 256; fp32 on CPU -1.83 % to -0.01 %).
 Its kernels are modelled too (analytic/ops/mamba2.py, ops/layer.py _hybrid_block: in_proj, the depthwise conv and
