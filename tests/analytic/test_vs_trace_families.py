@@ -177,8 +177,11 @@ KNOWN_GAPS.update({
 # recompute moments price as the flash kernel's q, k, v and output (the prefill's are priced: inference
 # _math_sdpa_prefill).
 
-# Fixed: nemotron_h-amp-bf16-full-adamw-cpu on oneDNN's bf16 path, the scan's last bmm's scratch
-# (mamba2.scan_bmm_scratch): -1.55 % -> -0.16 %.
+try:  # the CPU's 16-bit oneDNN matmul path (off under ONEDNN_MAX_CPU_ISA=AVX2; test_vlm_analytic.py reads it)
+    import torch as _torch
+    _ONEDNN_BF16 = bool(_torch.ops.mkldnn._is_mkldnn_bf16_supported())
+except (AttributeError, RuntimeError):
+    _ONEDNN_BF16 = False
 
 # Families checked in a file of their own (a tower beside the language model, its own shrunk sizes and image
 # counts), left out of the matrix so that the others keep their setups
