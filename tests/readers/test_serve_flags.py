@@ -226,3 +226,10 @@ def test_check_server_models_the_release_the_command_is_for(tmp_path, capsys):
         main(["check", str(path), "--gpu", "H100-80GB", "--server", "sglang"])
     assert e.value.code == 2
     assert "the files are a vllm command" in capsys.readouterr().err
+    main(["check", str(path), "--gpu", "H100-80GB", "--server", "vllm==0.10", "--json"])  # major.minor: its release
+    assert json.loads(capsys.readouterr().out)["check"]["settings"]["server"] == "vllm==0.10.1"
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_shard_degree = 8\n')
+    with pytest.raises(SystemExit) as e:
+        main(["check", str(job), "--server", "vllm"])
+    assert e.value.code == 2 and "hold no serving command" in capsys.readouterr().err

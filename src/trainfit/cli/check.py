@@ -156,11 +156,13 @@ def request_of(readings, model: str | None, gpu: str | None, dp: int | None, pro
     notes = []
     if server is not None:  # the release the serving command is for: its flags, then its start-up
         release = serving_versions.parse(server)
-        if values.get("server") is None or serving_versions.engine_of(values["server"]) != release.engine:
-            what = f"a {values['server']} command" if values.get("server") else "no serving command"
-            raise SetupError(f"--server {server}: the files are {what}; drop --server or give one for "
-                             f"{values.get('server', 'vllm or sglang')}")
-        values["server"] = server
+        if values.get("server") is None:
+            raise SetupError(f"--server {server}: the files hold no serving command (--server names the release a "
+                             "`vllm serve` or SGLang command is for); drop --server")
+        if serving_versions.engine_of(values["server"]) != release.engine:
+            raise SetupError(f"--server {server}: the files are a {values['server']} command; drop --server or give "
+                             f"a {values['server']} release")
+        values["server"] = f"{release.engine}=={release.version}"  # (as resolved: vllm==0.10 is 0.10.1)
         for r in readings:
             r.settle_release(release)
     if dp is not None:
