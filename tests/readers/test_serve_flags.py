@@ -200,11 +200,14 @@ def test_a_flag_of_the_release_the_file_is_for_is_read_as_that_release_takes_it(
 
 def test_sglang_flags_of_its_older_releases_are_read_for_them(tmp_path):
     """SGLang 0.4.4 takes --cuda-graph-max-bs for the decode graphs (srt/server_args.py:907-912), which 0.5.23's parser
-    stops at (an ambiguous prefix); --pp is no listed release's flag."""
+    stops at (an ambiguous prefix): for 0.4.4 it is the decode graphs' largest batch, the knob the estimate sizes as
+    SGLang does (as 0.5.23's --cuda-graph-max-bs-decode); --pp is no listed release's flag."""
     r = _read(tmp_path, f"python -m sglang.launch_server --model-path {MODEL} --cuda-graph-max-bs 64 --pp 2")
     r.settle_release(serving_versions.parse("sglang==0.4.4"))
     assert [x.split(":")[0] for x in r.warned] == ["--pp"]
-    assert [x for x in r.not_modelled if x.startswith("--cuda-graph-max-bs = '64': not modelled (CUDA-graph memory")]
+    assert [(knob, key, v) for knob, key, v, _ in r.sized] == [("cuda_graph_max_bs", "--cuda-graph-max-bs", 64)]
+    r.against({"cuda_graph_max_bs": 64})
+    assert r.as_modelled == ["--cuda-graph-max-bs 64"] and not r.not_modelled
 
 
 def test_check_server_models_the_release_the_command_is_for(tmp_path, capsys):

@@ -80,7 +80,10 @@ class Reading:
         for flag, value, g, line in self.gone:
             if g.taken_by(release):
                 self.warned.remove(line)
-                self.skip(flag, value, g.then or "no effect on memory or time")
+                if g.sized:  # (a knob is a count; the leftover flag's value is its text)
+                    self.sizes(g.sized, flag, int(value) if str(value).isdigit() else value, g.then)
+                else:
+                    self.skip(flag, value, g.then or "no effect on memory or time")
         self.gone = []
 
     def sizes(self, knob: str, key: str, value, effect: str) -> None:
@@ -103,13 +106,15 @@ class Gone:
     """A serving engine's flag its current parser stops at (unrecognized, or an ambiguous prefix) that an older
     release took: `last` the newest listed release of `engine` that takes it (None: none does), `first` the release
     that added it where a listed one predates it (None: every listed release up to `last` takes it), `then` its
-    effect there as a key not modelled ("": none), `why` what the current parser does and what replaced it."""
+    effect there as a key not modelled ("": none), `why` what the current parser does and what replaced it; `sized`:
+    the serving knob it sets there, which the estimate sizes as the engine does (Reading.sizes), where it has one."""
 
     engine: str
     last: str | None
     then: str
     why: str
     first: str | None = None
+    sized: str | None = None
 
     def taken_by(self, release) -> bool:
         """Whether `release` (serving_versions.Version) takes the flag."""

@@ -38,11 +38,11 @@ EFFECT = {"max-running-requests": "time: the batch is capped", "max-total-tokens
 # flags SGLang 0.5.23's parser stops at (argparse: "ambiguous option", exit 2): each is a prefix of two or more of its
 # flags, which allow_abbrev cannot choose between. What replaced each, and the listed release that took it where one
 # did
-GONE = {"cuda-graph-max-bs": Gone("sglang", "0.4.4", "CUDA-graph memory and time: the decode graphs' largest batch",
+GONE = {"cuda-graph-max-bs": Gone("sglang", "0.4.4", "memory: CUDA graphs captured up to this batch",
                                   "its parser stops at it as a prefix of both --cuda-graph-max-bs-decode and "
                                   "--cuda-graph-max-bs-prefill (arg_groups/fields/exec_.py:629-634; ambiguous "
                                   "option); 0.4.4 takes it for the decode graphs (srt/server_args.py:907-912): write "
-                                  "--cuda-graph-max-bs-decode"),
+                                  "--cuda-graph-max-bs-decode", sized="cuda_graph_max_bs"),
         "cuda-graph-bs": Gone("sglang", "0.4.4", "CUDA-graph memory and time: the decode graphs' batch sizes",
                               "its parser stops at it as a prefix of both --cuda-graph-bs-decode and "
                               "--cuda-graph-bs-prefill (arg_groups/fields/exec_.py:640-647; ambiguous option); 0.4.4 "
