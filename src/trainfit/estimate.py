@@ -216,6 +216,7 @@ class Serving:
     # tpot_seconds, output_tokens_per_second (one replica) and _per_gpu, the engine step's tokens and seconds by part
     load: dict = field(default_factory=dict)
     experts_format: str | None = None  # the routed experts' format where loaded as the checkpoint stores them (mxfp4)
+    quant_as_stored: bool = False  # --quant is the checkpoint's own quant_method (ModelSpec.checkpoint_quant)
 
     def as_dict(self) -> dict:
         return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "knobs"}, **self.knobs}

@@ -151,3 +151,14 @@ def test_a_quantised_checkpoint_is_planned_as_it_loads(capsys, how):
     assert out["plans"] and all(p["tp"] == 8 for p in out["plans"])
     spec = load_model("deepseek-v3")
     assert spec.checkpoint_quant == "fp8" and 671e9 * 2 > 8 * 141e9 > 671e9 * 1
+
+
+def test_the_estimate_says_the_quantisation_is_the_checkpoints(capsys):
+    """`estimate deepseek-v3 --mode serve`: --quant fp8 comes from its config.json, and the title says so; a --quant
+    the user gives on a 16-bit checkpoint is not called the checkpoint's."""
+    main(["estimate", "deepseek-v3", "--mode", "serve", "--gpu", "H200", "--tp", "8", "--json"])
+    ds = json.loads(capsys.readouterr().out)
+    main(["estimate", "llama-3.1-8b", "--mode", "serve", "--gpu", "H100-80GB", "--quant", "fp8", "--json"])
+    llama = json.loads(capsys.readouterr().out)
+    assert (ds["setup"]["quant"], ds["detail"]["serving"]["quant_as_stored"]) == ("fp8", True)
+    assert (llama["setup"]["quant"], llama["detail"]["serving"]["quant_as_stored"]) == ("fp8", False)

@@ -654,7 +654,8 @@ def _serving_estimate(spec, setup, pc, gpu, reserve, sv, activations, graphs, st
     flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))
     from .serving import stored_mxfp4  # noqa: PLC0415 (see _MODE_MODULES)
     detail = replace(sv.sizing(), load=load.as_dict() if load is not None else {},
-                     experts_format="mxfp4" if stored_mxfp4(spec, setup) else None)
+                     experts_format="mxfp4" if stored_mxfp4(spec, setup) else None,
+                     quant_as_stored=bool(setup.quant) and setup.quant == spec.checkpoint_quant)
     return Estimate("analytic", spec.name, pc.total, stage_params(spec, pc, setup.tp, setup.pp), setup, memory, flops,
                     timing, tuple(notes), Detail(params_active=pc.active, serving=detail))
 

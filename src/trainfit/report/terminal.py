@@ -46,7 +46,7 @@ def setup_line(e: Estimate) -> str:
                 f"{s.attention_kernel}{par}")
     sv = e.detail.serving
     if s.mode == "serve" and sv is not None:
-        quant = f" · --quant {s.quant}" if s.quant else ""
+        quant = f" · --quant {s.quant}" + (" (the checkpoint's)" if sv.quant_as_stored else "") if s.quant else ""
         experts = f" (routed experts {sv.experts_format.upper()}, as stored)" if sv.experts_format else ""
         return (f"serving · {sv.server} {sv.version} · {s.precision} weights{experts}{quant} · {sv.kv_cache_dtype} KV · "
                 f"tp={s.tp} pp={s.pp} · max-model-len {sv.max_model_len:,} · " +
