@@ -2,6 +2,8 @@
 formula against what the op really allocates on this CPU (the trace engine's probe, trace/kernel_scratch.py)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 
 from trainfit.analytic import onednn
@@ -76,17 +78,32 @@ def test_formula_equals_what_onednn_allocates_on_this_cpu(threads):
     isa = onednn.effective_isa()
     if isa == "avx2_vnni_2":
         pytest.skip(f"oneDNN's blocking on {isa} is not checked against a real CPU (analytic/onednn.py)")
-    from bench.studies import onednn_scratch
-    on_path = onednn.onednn_matmul("bf16")
+    _assert_2d_shapes(torch, SHAPES, threads)
+
+
+@contextmanager
+def _threads(torch, n: int | None):
+    """torch's CPU threads set to `n` (None: left as they are) for the block, restored after."""
     before = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    if n is not None:
+        torch.set_num_threads(n)
     try:
-        for m, k, n, ta in SHAPES:
-            formula = onednn.matmul_scratch(m, k, n, transposed_a=ta, transposed_b=not ta,
-                                            threads=threads) if on_path else 0
-            assert formula == onednn_scratch.measured(m, k, n, ta, not ta), (m, k, n, ta, isa, threads)
+        yield
     finally:
         torch.set_num_threads(before)
+
+
+def _assert_2d_shapes(torch, shapes, threads: int) -> None:
+    """For each (M, K, N, A transposed) of `shapes` (B transposed where A is not, as nn.Linear's forward and weight
+    gradient), the formula equals the probe's bytes at `threads` threads (0 = 0 off oneDNN's 16-bit path)."""
+    from bench.studies import onednn_scratch
+    on_path = onednn.onednn_matmul("bf16")
+    with _threads(torch, threads):
+        for m, k, n, ta in shapes:
+            formula = onednn.matmul_scratch(m, k, n, transposed_a=ta, transposed_b=not ta,
+                                            threads=threads) if on_path else 0
+            assert formula == onednn_scratch.measured(m, k, n, ta, not ta), (m, k, n, ta,
+                                                                             onednn.effective_isa(), threads)
 
 
 # (M, K, N, A transposed): 1-row A (plain whatever its strides, K blocked as transposed) and mm's M×1 result (run as
@@ -113,17 +130,7 @@ def _skip_unchecked_isa():
 def test_one_row_and_one_column_products_equal_what_onednn_allocates(threads):
     torch = pytest.importorskip("torch")
     _skip_unchecked_isa()
-    from bench.studies import onednn_scratch
-    on_path = onednn.onednn_matmul("bf16")
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for m, k, n, ta in ONE_ROW_SHAPES:
-            formula = onednn.matmul_scratch(m, k, n, transposed_a=ta, transposed_b=not ta,
-                                            threads=threads) if on_path else 0
-            assert formula == onednn_scratch.measured(m, k, n, ta, not ta), (m, k, n, ta, threads)
-    finally:
-        torch.set_num_threads(before)
+    _assert_2d_shapes(torch, ONE_ROW_SHAPES, threads)
 
 
 def _bmm(torch, b, m, k, n, ta, tb, gap=1):
@@ -143,17 +150,13 @@ def test_batched_formula_equals_what_bmm_allocates_on_this_cpu(threads):
     _skip_unchecked_isa()
     from trainfit.trace.kernel_scratch import scratch_of
     on_path = onednn.onednn_matmul("bf16")
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with _threads(torch, threads):
         for b, m, k, n, ta, tb in BMM_SHAPES:
             a, w = _bmm(torch, b, m, k, n, ta, tb)
             peak, live = scratch_of(lambda: torch.bmm(a, w))
             formula = onednn.matmul_scratch(m, k, n, transposed_a=ta, transposed_b=tb, threads=threads,
                                             batch=b) if on_path else 0
             assert formula == peak - live, (b, m, k, n, ta, tb, threads)
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_bmm_copies_an_operand_whose_matrices_are_not_packed():
@@ -192,8 +195,7 @@ def test_flash_attention_buffers_equal_what_the_kernel_allocates_on_this_cpu(dty
     from trainfit.trace.kernel_scratch import scratch_of
 
     tdt, elem = (torch.bfloat16, 2) if dtype == "bf16" else (torch.float32, 4)
-    before = torch.get_num_threads()
-    try:
+    with _threads(torch, None):
         for b, h, s, d, causal, threads in FLASH_SHAPES:
             torch.set_num_threads(threads)
             q = torch.zeros(b, h, s, d, dtype=tdt)
@@ -201,5 +203,3 @@ def test_flash_attention_buffers_equal_what_the_kernel_allocates_on_this_cpu(dty
                 q, q, q, is_causal=causal))
             formula = cpu_flash.scratch(s, s, d, elem, batch=b, heads=h, causal=causal, threads=threads)
             assert formula == peak - live, (b, h, s, d, causal, threads, onednn.effective_isa())
-    finally:
-        torch.set_num_threads(before)

@@ -257,6 +257,14 @@ def _a_copied(m: int, k: int, transposed_a: bool, avx2: bool) -> bool:
     return not avx2 and k & (k - 1) == 0 and k >= 8192 // 2 and m >= 1024
 
 
+def _on_onednn(setup) -> bool:
+    """Whether `setup`'s 16-bit matmuls run oneDNN's primitive: a CPU step (device "cpu") whose compute dtype this
+    CPU takes on oneDNN's path (onednn_matmul)."""
+    from ..precision import PRECISIONS  # noqa: PLC0415
+
+    return setup.device == "cpu" and onednn_matmul(PRECISIONS[setup.precision].compute)
+
+
 def gemm_scratch(setup, m: float, k: float, n: float, transposed_a: bool = False,
                  transposed_b: bool | None = None) -> int:
     """The scratch of one of the step's matmuls (m×k · k×n in the compute dtype) under `setup`: only a CPU step
@@ -264,9 +272,8 @@ def gemm_scratch(setup, m: float, k: float, n: float, transposed_a: bool = False
     (matmul_scratch) matters on AMX: nn.Linear's forward x·Wᵀ has it transposed, its input gradient grad·W plain."""
     from ..precision import PRECISIONS  # noqa: PLC0415
 
-    pol = PRECISIONS[setup.precision]
     # quantised weight formats (int8, int4, fp8) run their own kernels, not aten.mm on 16-bit operands
-    if setup.device != "cpu" or pol.weight not in ("fp32", "bf16", "fp16") or not onednn_matmul(pol.compute):
+    if PRECISIONS[setup.precision].weight not in ("fp32", "bf16", "fp16") or not _on_onednn(setup):
         return 0
     return matmul_scratch(max(1, int(m)), max(1, int(k)), max(1, int(n)), transposed_a=transposed_a,
                           transposed_b=transposed_b)
@@ -281,11 +288,8 @@ def bmm_scratch(setup, batch: float, m: float, k: float, n: float, *, transposed
     (is_mkldnn_optimized_format: batch stride m·k, Matmul.cpp mkldnn_matmul) into a contiguous 16-bit one
     (`copied_a` / `copied_b`: the caller's layout), live through the primitive, then runs the primitive on the batch
     (matmul_scratch). A copied operand reaches oneDNN plain."""
-    from ..precision import PRECISIONS  # noqa: PLC0415
-
-    pol = PRECISIONS[setup.precision]
     b, m, k, n = (max(1, int(x)) for x in (batch, m, k, n))
-    if setup.device != "cpu" or not onednn_matmul(pol.compute) or b * m * n * k <= MKLDNN_GEMM_MIN:
+    if not _on_onednn(setup) or b * m * n * k <= MKLDNN_GEMM_MIN:
         return 0
     copies = 2 * b * (m * k * copied_a + k * n * copied_b)
     return copies + matmul_scratch(m, k, n, transposed_a=transposed_a and not copied_a,
