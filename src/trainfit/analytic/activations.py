@@ -23,7 +23,7 @@ from ..spec import ModelSpec
 from .families import family_traits
 from .liger import liger_on
 from .long_context import tiled_mlp_on, tiled_mlp_shards
-from . import gated_deltanet, kbit_prep, liger, mla, siglip
+from . import gated_deltanet, kbit_prep, liger, mla, siglip, torchtitan_moe
 from . import sink_attention as sinks
 from .moe import moe_block
 from .precision import state_bytes
@@ -77,6 +77,13 @@ def _norm_saved(spec: ModelSpec, in_bytes: int, kernel: str = "hf-rmsnorm-fp32",
         # Gemma's RMSNorm multiplies in fp32 and keeps that normalised tensor (family fact `norm_fp32`)
         return FP32 * h + FP32 + (FP32 if family_traits(spec)["norm_fp32"] else in_bytes) * h
     return in_bytes * h + 2 * in_bytes
+
+
+def _composite_inner_norm(setup: Setup, amp: bool, a: int) -> bool:
+    """Whether the stack's nn.RMSNorm inside attention (torchtitan's qwen3 q/k norms, deepseek_v3's MLA norms) runs
+    torch's composite rms_norm on 16-bit projection outputs: on a CPU always (_norm_saved), on CUDA where the fp32
+    weight meets a 16-bit input under autocast (_norm_saved's NB: the fused kernel wants one dtype)."""
+    return norm_kernel(setup) == "torch-rms-norm" and (setup.device != "cuda" or (amp and a != FP32))
 
 
 def one_plus_weight_bytes(spec: ModelSpec, st) -> int:
@@ -133,7 +140,7 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
         t["attention"] = gated_deltanet.saved_per_token(spec, setup)
     elif spec.mla is not None:
         # MLA (mla.py): the q/kv down- and up-projections and their norms, then SDPA with q/k wider than v
-        t["attention"] = mla.projections_saved(spec, a)
+        t["attention"] = mla.projections_saved(spec, a, _composite_inner_norm(setup, amp, a))
         if kernel == "flash":
             t["attention"] += mla.fused_saved(spec, a)
         else:
@@ -175,7 +182,13 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
             t["attention"] = ((1 - share) * t["attention"]
                               + share * (_flash_saved(spec, setup, a) + _window_repeat_saved(spec, a)))
             per_key = (1 - share) * per_key + share * a
-    if spec.qk_norm and not linear:
+    if spec.qk_norm and not linear and norm_kernel(setup) == "torch-rms-norm":
+        # the stack's nn.RMSNorm over head_dim on q and k (torchtitan models/qwen3/model/model.py:172-178, :245-248):
+        # torch.rms_norm per head row as _norm_saved counts it, the fused kernel's input, or the composite's fp32
+        # upcast and normalised tensor; an fp32 rstd per head
+        per = 2 * FP32 if _composite_inner_norm(setup, amp, a) else a
+        t["attention"] += per * (q + kv) + FP32 * (nh + spec.kv_heads)
+    elif spec.qk_norm and not linear:
         # q_norm, k_norm (HF Qwen3RMSNorm over head_dim, modeling_qwen3.py): per element the fp32 input copy and the
         # normalised output, per head an fp32 rsqrt
         out = FP32 if traits["norm_fp32"] else a
@@ -224,6 +237,10 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
     # Dropout on the attention output and on the MLP output (Korthikanti eq. 1 counts 1-byte masks).
     if p_resid > 0:
         t["dropout"] = 2 * h * mask
+    if a != FP32 and torchtitan_moe.model_fact(spec, setup, "rotary_cos_sin"):
+        # torchtitan's qwen3: cos and sin sliced from its fp32 rope_cache and cast to q's dtype in every layer
+        # (models/qwen3/model/model.py:124-125), each saved by its multiply (:129-130)
+        fixed += 2 * setup.seq / setup.cp * spec.head_dim * a
     fixed += spec.norms_per_layer * one_plus_weight_bytes(spec, st)
     if amp:
         # autocast's cached low-precision weight copies, saved for the input gradient (not batch-scaled); MoE

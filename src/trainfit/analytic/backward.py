@@ -35,7 +35,7 @@ from .liger import swiglu_on
 from .long_context import tiled_mlp_on, tiled_mlp_shards
 from . import clamped_swiglu as swiglu
 from . import sink_attention as sinks
-from . import kbit_prep, lora
+from . import kbit_prep, lora, torchtitan_moe
 from .families import family_traits
 from .parallel.expert_memory import dispatch_bytes
 from .precision import StateBytes
@@ -84,6 +84,11 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         from .moe_every_expert import every_expert_moments  # noqa: PLC0415
 
         moments = every_expert_moments(spec, setup, tokens, incoming, recomputed)
+    elif moe and torchtitan_moe.block_on(setup):  # torchtitan's own MoE module
+        from .recompute import _saves_its_input  # noqa: PLC0415 (recompute imports this module)
+
+        mid = 0 if _saves_its_input(spec, setup, st) else st.residual * h * tokens / sp
+        moments = torchtitan_moe.moments(spec, setup, st, tokens / t, incoming, recomputed, mid)
     elif moe:
         m = spec.moe
         ex = int(st.param or st.weight)  # grouped_mm runs in the experts' (gathered) weight dtype (moe.py)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import INDEX, _norm_saved, dropout_mask_bytes
+from . import torchtitan_moe
+from .activations import FP32, INDEX, _norm_saved, dropout_mask_bytes
 from .families import family_traits
 from .precision import StateBytes
 
@@ -45,7 +46,10 @@ def embedding_saved(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) 
         # torchtitan's freqs_cis: one complex64 (8-byte) buffer of seq × rotary_dim/2, resident (a non-persistent
         # buffer precomputed for max_seq_len = the training seq_len); the rotary multiplies keep views of it
         # NB: counted with the first micro-batch's embedding bytes, so once per micro-batch in flight on a pipeline
-        saved += 8 * setup.seq * rotary_dim(spec) // 2
+        # (torchtitan's qwen3 keeps an fp32 cos/sin cache of seq × 2·head_dim in its place: its rope_cache,
+        # models/qwen3/model/model.py:36-52)
+        cos_sin = torchtitan_moe.model_fact(spec, setup, "rotary_cos_sin")
+        saved += FP32 * setup.seq * 2 * spec.head_dim if cos_sin else 8 * setup.seq * rotary_dim(spec) // 2
     elif spec.positions == "rotary":
         # HF's rotary tables (rotary_tables); every layer's q·cos, k·sin saves the same tensors, freed after the
         # first layer's backward

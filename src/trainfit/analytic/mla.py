@@ -33,7 +33,7 @@ def input_calls(spec: ModelSpec) -> int:
     return 2
 
 
-def projections_saved(spec: ModelSpec, a: int) -> float:
+def projections_saved(spec: ModelSpec, a: int, composite_norm: bool = False) -> float:
     """Per token, the down/up-projection path (everything before SDPA but the input casts). `a`: the activation
     (projection output) dtype's bytes.
     HF's RMSNorm (DeepseekV3RMSNorm.forward, modeling_deepseek_v3.py:46-51) keeps an fp32 copy of its input (the input
@@ -42,13 +42,18 @@ def projections_saved(spec: ModelSpec, a: int) -> float:
       q_a_layernorm: FP32·q_lora + FP32 + a·q_lora, and q_b_proj's input a·q_lora;
       kv_a_layernorm: its input is a view of kv_a_proj_with_mqa's output (kv_lora + rope wide): in fp32 the
         `.to(float32)` is a no-op and the view keeps the whole (kv_lora + rope) storage alive; otherwise a
-        contiguous fp32 copy of the kv_lora part; then FP32 (rsqrt) + a·kv_lora, and kv_b_proj's input a·kv_lora."""
+        contiguous fp32 copy of the kv_lora part; then FP32 (rsqrt) + a·kv_lora, and kv_b_proj's input a·kv_lora.
+    `composite_norm`: the norms are nn.RMSNorm (torchtitan models/deepseek_v3/model/model.py:218, :225) on torch's
+    composite rms_norm (CPU; CUDA where the weight's dtype is not the input's, activations._norm_saved): the fp32
+    normalised tensor in place of its cast back (the weight product, cast to the input's dtype, is the
+    up-projection's input as above)."""
     m = spec.mla
+    normed = FP32 if composite_norm else a
     out = 0.0
     if m.q_lora_rank:
-        out += FP32 * m.q_lora_rank + FP32 + 2 * a * m.q_lora_rank
+        out += FP32 * m.q_lora_rank + FP32 + (normed + a) * m.q_lora_rank
     latent_in = FP32 * (m.kv_lora_rank + (m.qk_rope_head_dim if a == FP32 else 0))
-    out += latent_in + FP32 + 2 * a * m.kv_lora_rank
+    out += latent_in + FP32 + (normed + a) * m.kv_lora_rank
     return out
 
 

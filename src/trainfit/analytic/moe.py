@@ -19,6 +19,7 @@ from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import clamped_swiglu as swiglu
+from . import torchtitan_moe
 from .families import family_traits
 from .moe_every_expert import every_expert_block
 from .moe_imbalance import busiest_rank_load
@@ -33,6 +34,8 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
     "linear_inputs" are the block's own copies of its input (autocast casts, or the input itself saved by the
     router without autocast); "mlp" everything else."""
     m = spec.moe
+    if torchtitan_moe.block_on(setup):  # torchtitan's own MoE module
+        return torchtitan_moe.moe_block(spec, setup)
     if m.experts_every_token:  # Llama 4: no dispatch, every expert on every token (moe_every_expert.py)
         return every_expert_block(spec, setup)
     st = state_bytes(setup)

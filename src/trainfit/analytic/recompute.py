@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import lora, nvfp4, siglip
+from . import lora, nvfp4, siglip, torchtitan_moe
 from .activations import FP32, LayerActivations, layer_activations, norm_kernel, resolved_kernel
 from .families import family_traits
 from .gated_deltanet import linear_layers
@@ -162,9 +162,11 @@ def rerun_layer(spec: ModelSpec, setup: Setup, one_layer: float, la_moe: LayerAc
                 keys: float, frac_moe: float) -> float:
     """The saved set a re-run layer makes again in its backward: the average layer's (`one_layer`), or, where every
     expert runs every token (Llama 4, moe_every_expert.py) and the moments are an MoE layer's (frac_moe >= 0.5), the
-    MoE layer's own: its E copies dwarf a dense layer's (small-llama4_text full recompute: -14 % with the average).
+    MoE layer's own: its E copies dwarf a dense layer's (small-llama4_text full recompute: -14 % with the average);
+    and torchtitan's MoE block, whose moments (torchtitan_moe.moments) are read off its own re-run.
     NB: other MoE families keep the average (DeepSeek's KNOWN_GAPS entry is priced with it)."""
-    if spec.moe is None or not spec.moe.experts_every_token or frac_moe < 0.5:
+    own = spec.moe is not None and (spec.moe.experts_every_token or torchtitan_moe.block_on(setup))
+    if not own or frac_moe < 0.5:
         return one_layer
     extra = lora.layer_saved_delta(spec, setup) * tokens + lora.layer_fixed_delta(spec, setup) if setup.lora_rank else 0
     return layer_bytes_per_rank(la_moe, setup, tokens, keys) + extra

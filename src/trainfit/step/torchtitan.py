@@ -1,6 +1,7 @@
 """torchtitan's own training step (`--stack torchtitan`), shared by the measure and trace engines.
 
-Runs torchtitan's code, not a re-implementation: its Llama3 `Transformer`, its activation checkpointing
+Runs torchtitan's code, not a re-implementation: its Llama3 `Transformer` (its qwen3 and deepseek_v3 MoE models in
+one process for the measure engine: step/torchtitan_moe.py), its activation checkpointing
 (`apply_ac` with its `_op_sac_save_list`), its `apply_fsdp` / `apply_ddp`, its `maybe_enable_amp`, its loss and
 its gradient clipping. Paths below are inside the torchtitan 0.2.2 wheel (stacks/torchtitan.toml pins it).
 
@@ -38,7 +39,7 @@ import torch
 from ..errors import EngineUnavailableError
 from .build import param_dtype
 from .standard import _is_real, make_optimizer
-from . import torchtitan_lowp
+from . import torchtitan_lowp, torchtitan_moe
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..setup import Setup
@@ -75,13 +76,8 @@ def check(spec: "ModelSpec", setup: "Setup") -> None:
     from ..analytic.layout import check_stack_model
 
     check_stack_model(spec, setup)  # the models torchtitan builds: the same refusal for every engine
-    if spec.is_moe:
-        # (torchtitan's router counts tokens per expert with torch.histc over int64 indices, models/moe/moe.py:348,
-        # which has no CPU kernel, and ExpertParallel's _permute fills its indices with a Triton kernel,
-        # models/moe/utils.py:47-53, kernels.py:90, 207: its MoE models and their EP do not step on this CPU)
-        raise EngineUnavailableError(f"--stack torchtitan: the trace and measure engines build torchtitan's llama3 "
-                                     f"Transformer; {spec.name}'s MoE model (torchtitan's deepseek_v3 / qwen3, with "
-                                     "its expert parallelism) is analytic-only: use --engine analytic")
+    if spec.is_moe:  # torchtitan's qwen3 / deepseek_v3 MoE models, one process (step/torchtitan_moe.py)
+        torchtitan_moe.check(spec, setup)
     # (precisions and optimizers torchtitan lacks never reach here: Setup refuses them from stacks/torchtitan.toml)
     if setup.attention == "eager":
         raise EngineUnavailableError("--attention eager: torchtitan's llama3 attention is SDPA (attn_type sdpa, "
@@ -172,18 +168,17 @@ def ac_config(setup: "Setup"):
     raise EngineUnavailableError(f"--recompute {r} is not a torchtitan policy (none, full, op, layer:N)")
 
 
-def apply_recompute(model: torch.nn.Module, setup: "Setup") -> None:
-    """torchtitan's apply_ac with llama3's save list (models/llama3/infra/parallelize.py:111-119)."""
+def apply_recompute(model: torch.nn.Module, setup: "Setup", save_list: set) -> None:
+    """torchtitan's apply_ac with the model's save list (llama3's: models/llama3/infra/parallelize.py:111-119)."""
     config = ac_config(setup)
     if config is None:
         return
     from torchtitan.distributed import activation_checkpoint as ac
-    from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
 
     # layer:N counts blocks in a module global (distributed/activation_checkpoint.py:24,37-40) that torchtitan's
     # one apply_ac per process starts at 0; we build several models per process, so start it at 0 each time.
     ac._layer_sac_count = 0
-    ac.apply_ac(model, config, model_compile_enabled=False, op_sac_save_list=_op_sac_save_list)
+    ac.apply_ac(model, config, model_compile_enabled=False, op_sac_save_list=save_list)
 
 
 def apply_data_parallel(model: torch.nn.Module, setup: "Setup", mesh) -> None:
@@ -220,14 +215,25 @@ def build(spec: "ModelSpec", setup: "Setup", device="cpu", mesh=None, fake: bool
     fake=True (the trace engine, under FakeTensorMode): the model is created on `device` directly and torchtitan's
     init_weights (values only) is skipped -- FakeTensorMode cannot swap meta parameters for fake ones in to_empty,
     and trunc_normal_ reads a tensor value; the parameters, buffers and wrappers are the same."""
-    args = model_args(spec, setup)
-    from torchtitan.models.llama3 import Transformer
+    if spec.is_moe and fake:
+        # (the router's token counts are data: _run_experts_for_loop's tolist, generate_permute_indices' fill)
+        raise EngineUnavailableError(f"--stack torchtitan: {spec.name}'s MoE model sizes its expert GEMMs from the "
+                                     "router's token counts, which fake tensors do not hold; use --engine analytic "
+                                     "or measure")
+    if spec.is_moe:
+        model_class, args = torchtitan_moe.model_and_args(spec, setup)
+        save_list = torchtitan_moe.op_sac_save_list(spec, setup)
+    else:
+        from torchtitan.models.llama3 import Transformer
+        from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list as save_list
+
+        model_class, args = Transformer, model_args(spec, setup)
     from torchtitan.tools.utils import set_default_dtype
 
     with torch.device(device if fake else "meta"), set_default_dtype(param_dtype(setup)):  # train.py:147-151
-        model = Transformer(args)
+        model = model_class(args)
     torchtitan_lowp.convert(model, setup, spec.layers)  # train.py:153-155: the model converters, before parallelize
-    apply_recompute(model, setup)
+    apply_recompute(model, setup, save_list)
     if setup.dp > 1:
         if mesh is None:
             import torch.distributed as dist
@@ -315,13 +321,14 @@ def _forward_backward(model, batch, global_valid_tokens, amp, phase):
     from torchtitan.components.loss import cross_entropy_loss
 
     phase("forward")
-    with amp:  # train.py:531-538
-        pred = model(batch["input"])
-        loss_sum = cross_entropy_loss(pred, batch["labels"])
-        loss = loss_sum / global_valid_tokens
-    del pred  # train.py:541 ("need to free pred before bwd to avoid peaking memory")
-    phase("backward")
-    loss.backward()  # train.py:542
+    with torchtitan_moe.cpu_kernels(model):
+        with amp:  # train.py:531-538
+            pred = model(batch["input"])
+            loss_sum = cross_entropy_loss(pred, batch["labels"])
+            loss = loss_sum / global_valid_tokens
+        del pred  # train.py:541 ("need to free pred before bwd to avoid peaking memory")
+        phase("backward")
+        loss.backward()  # train.py:542
     return loss
 
 

@@ -252,7 +252,7 @@ def _plain_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection) -> N
 
 
 # the sparse MoE block by the stack's [moe] block fact (Shape.moe_block)
-MOE_BLOCKS = {"transformers": moe_block, "megatron": megatron_moe_block}
+MOE_BLOCKS = {"transformers": moe_block, "megatron": megatron_moe_block, "torchtitan-moe": moe_block}
 
 
 def _moe_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection) -> None:

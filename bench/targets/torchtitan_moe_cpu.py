@@ -1,0 +1,86 @@
+"""--stack torchtitan MoE models: the analytic engine vs torchtitan's own MoE step on CPU.
+
+    python -m bench run torchtitan_moe_cpu [--out bench/results/torchtitan_moe_cpu.md]
+
+torchtitan's qwen3 and deepseek_v3 Transformers with its own MoE module (router, TokenReorderer, the padded grouped
+GEMMs, the bmm combine, shared experts), built from tiny configs by trainfit's measure engine
+(trainfit/step/torchtitan_moe.py), one process, every recompute policy torchtitan runs × fp32 / amp-bf16 / bf16. The
+real peak is read from c10's allocation records (trainfit/measure/cpu_peak.py); the analytic engine predicts it with
+analytic/torchtitan_moe.py. The deepseek_v3 rows with a dense first layer show the averaged re-run layer
+(recompute.py: the moments of the kind of layer a rank has most of); every other row is one kind of layer.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from bench.data import results_dir
+from bench.figures import pct, record
+
+ABOUT = {"summary": "--stack torchtitan MoE (qwen3, deepseek_v3): analytic vs torchtitan's real MoE step on CPU",
+         "minutes": 2, "quick": None}
+
+POLICIES = ("none", "full", "op")
+PRECISIONS = ("fp32", "amp-bf16", "bf16")
+
+
+def cases():
+    """(label, spec) of each model: the test file's tiny configs, and deepseek with its first layer dense."""
+    from tests.stacks.test_torchtitan_moe import spec
+
+    return [("qwen3", spec("qwen3")), ("deepseek_v3", spec("deepseek_v3")),
+            ("deepseek_v3, 1 dense + 2 MoE layers", spec("deepseek_v3", first_k_dense_replace=1, num_hidden_layers=3))]
+
+
+def run() -> list[dict]:
+    from trainfit.analytic.engine import estimate
+    from trainfit.measure import measure
+    from tests.stacks.test_torchtitan_moe import setup
+
+    rows = []
+    for label, sp in cases():
+        for precision in PRECISIONS:
+            for recompute in POLICIES:
+                s = setup(precision=precision, recompute=recompute)
+                real = measure(sp, s, steps=0, warmup=1)
+                est = estimate(sp, s).memory.peak
+                rows.append({"model": label, "precision": precision, "recompute": recompute, "real": real.peak,
+                             "analytic": est, "error": (est - real.peak) / real.peak})
+                print(f"{label:38s} {precision:9s} {recompute:5s} real {real.peak:>10,d}  analytic {est:>12,.0f}  "
+                      f"{pct(rows[-1]['error'], digits=2)}", flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench run torchtitan_moe_cpu", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(results_dir() / "torchtitan_moe_cpu.md"))
+    args = ap.parse_args(argv)
+    rows = run()
+    one_kind = [r for r in rows if "dense" not in r["model"]]
+    errors = [abs(r["error"]) for r in one_kind]
+    worst = max(one_kind, key=lambda r: abs(r["error"]))["error"]
+    mixed = max((r for r in rows if "dense" in r["model"]), key=lambda r: abs(r["error"]))["error"]
+    median = statistics.median(errors)
+    lines = ["# --stack torchtitan MoE: analytic vs torchtitan's real MoE step on CPU "
+             "(`python -m bench run torchtitan_moe_cpu`)", "",
+             __doc__.split("\n\n", 2)[2].strip(), "",
+             "| model | precision | recompute | real peak (B) | analytic (B) | error |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['model']} | {r['precision']} | {r['recompute']} | {r['real']:,} | {r['analytic']:,.0f} | "
+              f"{pct(r['error'], digits=2)} |" for r in rows]
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    record("torchtitan_moe_cpu", "--stack torchtitan MoE models: analytic vs torchtitan's real MoE step on CPU",
+           "median ≤ 2 %, worst ≤ 5 %",
+           f"{len(one_kind)} cases: median {pct(median, False, 2)}, worst {pct(worst, digits=2)}; "
+           f"1 dense + 2 MoE layers: worst {pct(mixed, digits=2)}",
+           {"cases": len(one_kind), "median_pct": round(median * 100, 3), "worst_pct": round(worst * 100, 3),
+            "mixed_worst_pct": round(mixed * 100, 3)}, "stacks",
+           rows=[{"table": "accuracy", "stack": "torchtitan (MoE)", "engine": "analytic",
+                  "truth": "real CPU step (qwen3, deepseek_v3)", "cases": len(one_kind),
+                  "median |error|": pct(median, False, 2), "worst": pct(worst, digits=2)},
+                 {"table": "cpu", "stack": "torchtitan (MoE)", "case": "qwen3, deepseek_v3 × 3 policies × 3 precisions",
+                  "cases": len(one_kind), "trace vs real": "—", "analytic vs real": f"worst {pct(worst, digits=2)}"}])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""What torchtitan's MoE block saves for backward (no torch): its own MoE module (torchtitan 0.2.2
+models/moe/moe.py), which its deepseek_v3, qwen3 and llama4 models build, on the grouped-GEMM path of SM90+ GPUs.
+
+    router      gate Linear (:325) -> softmax / sigmoid in fp32 (:328-333, saves its fp32 output) -> topk indices
+                (:336-341, saved by the gather at :346) -> [route_norm: top / top.sum() (:355-357), the k weights
+                and their sum saved] -> * route_scale (a Python float: nothing saved)
+    reorder     histc, argsort of the T·k expert ids (:377-383, int64, saved by the index ops that use it) and
+                `argsort // top_k` (:439, int64, saved by the gather of the routed input)
+    score       score_before_experts (llama4): routed_input.to(fp32) * the sorted scores (:441-445, both saved)
+    experts     indices_padding_wrapper (utils.py:73-95): every expert's rows padded up to a multiple of
+                TOKEN_GROUP_ALIGN_SIZE_M = 8 (utils.py:12, _permute :41-58: T·k + E·8 rows, int32 indices saved);
+                _run_experts_grouped_mm (:113-130): x.bfloat16() called twice (one copy each for w1 and w3 where
+                x is not already bf16), w.bfloat16() of each weight (a copy where it is not bf16), silu's input,
+                its output, the w3 product and their product, all bf16 (saved by grouped_mm, silu and mul)
+    combine     zeros + index_put (:460-465, the argsort indices), then without score_before_experts
+                bmm(top_scores, routed_output_unsorted.float()) (:469-476, both saved; autocast casts both to
+                its dtype), with it a plain sum (:480)
+    shared      FeedForward (:45-68: w2(silu(w1 x) * w3 x)) on the block input
+"""
+from __future__ import annotations
+
+from ..setup import Setup
+from ..spec import ModelSpec
+from .moe_imbalance import busiest_rank_load
+from .precision import state_bytes
+
+FP32 = 4
+INDEX = 8  # int64
+INT32 = 4
+BF16 = 2  # _run_experts_grouped_mm computes in bf16 whatever the step's dtype (moe.py:123-128)
+ALIGN = 8  # TOKEN_GROUP_ALIGN_SIZE_M, bf16's (models/moe/utils.py:12)
+
+
+def block_on(setup: Setup) -> bool:
+    """Whether the stack's sparse block is torchtitan's MoE module (stacks/*.toml [moe] block)."""
+    return setup.stack_facts.facts.get("moe", {}).get("block") == "torchtitan-moe"
+
+
+def model_fact(spec: ModelSpec, setup: Setup, name: str) -> bool:
+    """stacks/torchtitan.toml [moe_models] `name` for the torchtitan model that builds spec's family: its MoEArgs'
+    score_before_experts (the routed input scaled by its score before the experts), rotary_cos_sin (its rotary an
+    fp32 cos/sin cache)."""
+    facts = setup.stack_facts.facts.get("moe_models", {})
+    model = facts.get("model", {}).get(spec.family)
+    return model in facts.get(name, ())
+
+
+def autocast(setup: Setup, act: int) -> bool:
+    """torchtitan's maybe_enable_amp (distributed/utils.py:243-263): torch.autocast in the 16-bit dtype unless FSDP
+    is on (fsdp_enabled: dp_shard·cp > 1), over bf16 weights too, where it casts only fp32 tensors (the router's)."""
+    return act != FP32 and not (setup.zero >= 2 and setup.dp * setup.cp > 1)
+
+
+def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
+    """({"linear_inputs": bytes per token, "mlp": bytes per token}, fixed bytes) one torchtitan MoE block saves
+    (module docstring), as analytic/moe.py's moe_block returns them."""
+    m = spec.moe
+    st = state_bytes(setup)
+    a, r, amp = st.act, st.residual, st.autocast
+    h, k, i = spec.hidden, m.top_k, m.expert_intermediate
+    local = max(1, m.num_experts // getattr(setup, "ep", 1))
+    # the block input x is the ffn norm's output, in the residual dtype; the gate linear saves it (autocast: its
+    # own cast)
+    inputs = a * h
+    router = FP32 * m.num_experts + INDEX * k  # fp32 scores, topk indices
+    if m.norm_topk:
+        router += FP32 * k + FP32
+    reorder = 2 * INDEX * k
+    if model_fact(spec, setup, "score_before_experts"):
+        score = FP32 * k * h + FP32 * k  # routed_input.to(fp32) and the sorted scores
+        combine = 0.0
+    else:
+        score = 0.0
+        w = a if autocast(setup, a) else FP32  # autocast runs bmm in its dtype and casts both fp32 operands
+        combine = w * k * h + w * k
+    # grouped GEMMs on the padded rows: the int32 indices, x's bf16 copies (one where x is bf16 already:
+    # .bfloat16() returns it), silu's input and output, the w3 product, their product
+    copies = 1 if r == BF16 else 2
+    per_row = INT32 + BF16 * (copies * h + 4 * i)
+    experts = k * per_row
+    load = busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp)
+    mlp = router + combine + (reorder + score + experts) * load
+    # the padding's rows (E·8 at most) and the int32 group offsets
+    fixed = local * ALIGN * per_row + INT32 * local
+    weight = st.param or st.weight
+    if weight != BF16:  # w.bfloat16() of each expert matrix, saved by grouped_mm
+        fixed += BF16 * 3 * local * h * i
+    if amp:
+        fixed += a * m.num_experts * h  # autocast's cast of the gate weight
+    if m.shared_intermediate:
+        s = m.shared_intermediate
+        if amp:
+            inputs += 2 * a * h  # w1 and w3 each cast the input
+            fixed += a * 3 * h * s
+        mlp += 4 * a * s
+    return {"linear_inputs": inputs, "mlp": mlp}, fixed
+
+
+def padded_rows(spec: ModelSpec, setup: Setup, routed: float) -> float:
+    """Rows of the experts' padded input: _permute's max_len, round_up(T·k + E_local·8, 8) (models/moe/utils.py:
+    41-45), whatever the tokens per expert (the unused rows index the appended zero row)."""
+    local = max(1, spec.moe.num_experts // getattr(setup, "ep", 1))
+    return -(-(routed + local * ALIGN) // ALIGN) * ALIGN
+
+
+def moments(spec: ModelSpec, setup: Setup, st, tokens: float, pending: float, recomputed: float,
+            mid: float) -> list:
+    """The MoE block's backward high points (backward.Moment), read off the real CPU step's allocation records
+    (measure engine, tiny qwen3 and deepseek_v3: the peak's allocation and its op stack):
+    (a) with recomputation, inside the re-run forward (started by the combine's BmmBackward0, its first node) at
+        _unpermute (models/moe/utils.py:62-66): the experts' output cast back to x's dtype (`.type_as(x)`, P rows),
+        the unpadded output (T·k + 1 rows, new_empty) and index_put's int64 copy of the int32 indices; beside them
+        the forward frames' locals no op saved: the padded input (P rows, held by indices_padding_wrapper), the
+        routed input (T·k rows, MoE.forward), the scaled and the sorted top-k scores, and under autocast the block
+        input (the gate saves its cast); and the saved set made again so far (all but the combine's bmm operands)
+        and the gradients made before the re-run: the layer output's (`pending`) and its cast to the bmm's dtype
+        (the `.to(x.dtype)` of moe.py:474);
+    (b) the combine's bmm backward: the gradients of its two operands beside the whole saved set;
+    (c) with recomputation, at the re-run's last op of MoE.forward (moe.py:482, the shared experts' output plus the
+        routed; without shared experts the cast of the weighted sum, :474): the whole saved set and the frame's
+        locals: the routed input, the unpadded and the unsorted outputs (T·k rows each), the scores, the weighted
+        sum in x's dtype, the shared experts' output and the sum (or the bmm's output before its cast), on a CPU
+        the add's fp32 copy of a 16-bit shared output.
+    `mid`: the block's mid residual where no op saves it (held by the block's frame through the MoE)."""
+    from .backward import Moment  # noqa: PLC0415 (backward imports this module's peers)
+
+    m = spec.moe
+    a, r, h, k = st.act, st.residual, spec.hidden, m.top_k
+    routed = k * tokens * busiest_rank_load(spec, setup, tokens)
+    rows = padded_rows(spec, setup, routed)
+    w = a if autocast(setup, a) else FP32
+    grad_cast = w * h * tokens if w != r else 0.0
+    if model_fact(spec, setup, "score_before_experts"):
+        combine = 0.0
+    else:
+        combine = (w * h + w) * k * tokens
+    out = [Moment(recomputed + pending + grad_cast + combine, 0.0)]
+    if setup.recompute in ("full", "op"):
+        unpermute = rows * h * r + (routed + 1) * h * r + INDEX * rows
+        locals_ = rows * h * r + routed * h * r + 2 * FP32 * routed + (r * h * tokens if r != a and w == a else 0)
+        out.append(Moment(recomputed - combine + pending + grad_cast + mid + unpermute + locals_, 0.0))
+        block_in = r * h * tokens if r != a and w == a else 0
+        # (the unsorted output is the bmm's saved operand itself where `.float()` is a no-op, moe.py:472)
+        unsorted = 0 if w == r == FP32 else routed * h * r
+        frame = block_in + routed * h * r + (routed + 1) * h * r + unsorted + 2 * FP32 * routed + r * h * tokens
+        frame += (a + r) * h * tokens if m.shared_intermediate else (w * h * tokens if w != r else 0)
+        if m.shared_intermediate and a != r and setup.device == "cpu":
+            # a CPU add of the 16-bit shared output to the fp32 sum first copies it to fp32 (TensorIterator's
+            # common-dtype cast on CPU, trace/cpu_casts.py)
+            frame += FP32 * h * tokens
+        out.append(Moment(recomputed + pending + grad_cast + mid + frame, 0.0))
+    return out
