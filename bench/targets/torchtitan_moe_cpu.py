@@ -2,12 +2,13 @@
 
     python -m bench run torchtitan_moe_cpu [--out bench/results/torchtitan_moe_cpu.md]
 
-torchtitan's qwen3 and deepseek_v3 Transformers with its own MoE module (router, TokenReorderer, the padded grouped
+torchtitan's qwen3, deepseek_v3 and llama4 Transformers with its own MoE module (router, TokenReorderer, the padded grouped
 GEMMs, the bmm combine, shared experts), built from tiny configs by trainfit's measure engine
 (trainfit/step/torchtitan_moe.py), one process, every recompute policy torchtitan runs × fp32 / amp-bf16 / bf16. The
 real peak is read from c10's allocation records (trainfit/measure/cpu_peak.py); the analytic engine predicts it with
-analytic/torchtitan_moe.py. The deepseek_v3 rows with a dense first layer show the averaged re-run layer
-(recompute.py: the moments of the kind of layer a rank has most of); every other row is one kind of layer.
+analytic/torchtitan_moe.py. The rows with dense layers beside the MoE ones (deepseek_v3's first, llama4's
+alternating) show the averaged re-run layer (recompute.py: the moments of the kind of layer a rank has most of);
+every other row is one kind of layer.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import statistics
 from bench.data import results_dir
 from bench.figures import pct, record
 
-ABOUT = {"summary": "--stack torchtitan MoE (qwen3, deepseek_v3): analytic vs torchtitan's real MoE step on CPU",
+ABOUT = {"summary": "--stack torchtitan MoE (qwen3, deepseek_v3, llama4): analytic vs torchtitan's real MoE step",
          "minutes": 2, "quick": None}
 
 POLICIES = ("none", "full", "op")
@@ -29,7 +30,9 @@ def cases():
     from tests.stacks.test_torchtitan_moe import spec
 
     return [("qwen3", spec("qwen3")), ("deepseek_v3", spec("deepseek_v3")),
-            ("deepseek_v3, 1 dense + 2 MoE layers", spec("deepseek_v3", first_k_dense_replace=1, num_hidden_layers=3))]
+            ("llama4", spec("llama4", interleave_moe_layer_step=1)),
+            ("deepseek_v3, 1 dense + 2 MoE layers", spec("deepseek_v3", first_k_dense_replace=1, num_hidden_layers=3)),
+            ("llama4, dense and MoE layers alternating", spec("llama4"))]
 
 
 def run() -> list[dict]:
@@ -72,13 +75,13 @@ def main(argv=None) -> None:
     record("torchtitan_moe_cpu", "--stack torchtitan MoE models: analytic vs torchtitan's real MoE step on CPU",
            "median ≤ 2 %, worst ≤ 5 %",
            f"{len(one_kind)} cases: median {pct(median, False, 2)}, worst {pct(worst, digits=2)}; "
-           f"1 dense + 2 MoE layers: worst {pct(mixed, digits=2)}",
+           f"with dense layers: worst {pct(mixed, digits=2)}",
            {"cases": len(one_kind), "median_pct": round(median * 100, 3), "worst_pct": round(worst * 100, 3),
             "mixed_worst_pct": round(mixed * 100, 3)}, "stacks",
            rows=[{"table": "accuracy", "stack": "torchtitan (MoE)", "engine": "analytic",
-                  "truth": "real CPU step (qwen3, deepseek_v3)", "cases": len(one_kind),
+                  "truth": "real CPU step (qwen3, deepseek_v3, llama4)", "cases": len(one_kind),
                   "median |error|": pct(median, False, 2), "worst": pct(worst, digits=2)},
-                 {"table": "cpu", "stack": "torchtitan (MoE)", "case": "qwen3, deepseek_v3 × 3 policies × 3 precisions",
+                 {"table": "cpu", "stack": "torchtitan (MoE)", "case": "qwen3, deepseek_v3, llama4 × 3 policies × 3 precisions",
                   "cases": len(one_kind), "trace vs real": "—", "analytic vs real": f"worst {pct(worst, digits=2)}"}])
 
 

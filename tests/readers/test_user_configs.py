@@ -135,16 +135,29 @@ def test_torchtitan_config_file_not_found_is_one_line_and_exit_2(tmp_path, cli):
     assert code == 2 and err.startswith("error:") and "--job.config_file" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("name, flavor", [("llama4", "17bx16e"), ("gpt_oss", "120b")])
-def test_a_torchtitan_model_trainfit_does_not_build_is_named(tmp_path, cli, name, flavor):
-    """torchtitan 0.2.2's registry holds llama4 and gpt_oss (models/__init__.py), which trainfit does not model on
-    --stack torchtitan: the file's model is named with what to use instead, in one line, exit 2 (before: "names no
-    model: pass --model", and with --model the stack's refusal of the architecture)."""
+@pytest.mark.parametrize("name, flavor, words", [("gpt_oss", "120b", "--stack hf or megatron"),
+                                                 ("llama4", "17bx16e_irope", "iRoPE flavors")])
+def test_a_torchtitan_model_trainfit_does_not_build_is_named(tmp_path, cli, name, flavor, words):
+    """torchtitan 0.2.2's registry holds gpt_oss (models/__init__.py), which trainfit does not model on --stack
+    torchtitan, and llama4's iRoPE flavors (flex attention over block-causal chunks): the file's model is named with
+    what to use instead, in one line, exit 2 (before: "names no model: pass --model", and with --model the stack's
+    refusal of the architecture)."""
     pytest.importorskip("torchtitan")
     job = tmp_path / "job.toml"
     job.write_text(f'[model]\nname = "{name}"\nflavor = "{flavor}"\n[parallelism]\ndata_parallel_shard_degree = 8\n')
     code, _, err = cli("check", str(job), "--gpu", "H100-80GB")
-    assert code == 2 and err.count("\n") == 1 and f"model.name '{name}'" in err and "--stack hf or megatron" in err
+    assert code == 2 and err.count("\n") == 1 and f"model.name '{name}'" in err and words in err
+
+
+def test_a_torchtitan_llama4_job_reads_as_its_catalog_model(tmp_path):
+    """torchtitan's llama4 17bx16e flavor is Llama 4 Scout's shape (stacks/torchtitan.toml [moe_models.llama4]):
+    the job reads as llama-4-scout with its expert parallelism."""
+    pytest.importorskip("torchtitan")
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "llama4"\nflavor = "17bx16e"\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n'
+                   '[parallelism]\ndata_parallel_shard_degree = 8\nexpert_parallel_degree = 8\n')
+    s, (r,) = _setup([job], model=None)
+    assert r.model == "llama-4-scout" and (s.stack, s.dp, s.ep, s.zero, s.seq) == ("torchtitan", 8, 8, 3, 8192)
 
 
 # accelerate config's own FSDP1 shape (`accelerate config` with FSDP, no fsdp_version) and the FSDP2 one

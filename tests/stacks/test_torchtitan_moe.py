@@ -22,7 +22,7 @@ except Exception as e:  # pragma: no cover - depends on the environment
 from trainfit.analytic import torchtitan_moe
 from trainfit.analytic.engine import estimate
 from trainfit.errors import EngineUnavailableError
-from trainfit.models.hf_config import spec_from_config
+from trainfit.models.hf_config import as_built, spec_from_config
 from trainfit.setup import Setup
 
 # tiny configs of the two families torchtitan's MoE models build (stacks/torchtitan.toml [moe_models]); 8 experts,
@@ -43,7 +43,14 @@ DEEPSEEK = {"model_type": "deepseek_v2", "hidden_size": 64, "intermediate_size":
             "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "tie_word_embeddings": False,
             "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
                              "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096, "type": "yarn"}}
-CONFIGS = {"qwen3": QWEN3_MOE, "deepseek_v3": DEEPSEEK}
+# Llama 4 (tiny-llama4's shape: dense and MoE layers alternating as in Maverick, one routed expert and a shared one);
+# torchtitan builds it without transformers' NoPE layers, chunks and q/k norm ([spec_as_built.llama4])
+LLAMA4 = {"model_type": "llama4_text", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64, "intermediate_size_mlp": 128,
+          "num_local_experts": 4, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+          "no_rope_layer_interval": 2, "attention_chunk_size": 16, "use_qk_norm": True, "vocab_size": 1000,
+          "max_position_embeddings": 512}
+CONFIGS = {"qwen3": QWEN3_MOE, "deepseek_v3": DEEPSEEK, "llama4": LLAMA4}
 B, S = 2, 128
 
 
@@ -80,13 +87,15 @@ def _moe_saved_bytes(sp, s: Setup) -> int:
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("model", ["qwen3", "deepseek_v3"])
+@pytest.mark.parametrize("model", ["qwen3", "deepseek_v3", "llama4"])
 @pytest.mark.parametrize("precision", ["fp32", "amp-bf16", "bf16"])
 def test_moe_block_saves_what_torchtitans_module_saves(model, precision):
     """Byte-exact: the router's fp32 scores and indices, the reorder's int64 indices, the padded rows' bf16 copies and
     intermediates of the grouped GEMMs, the experts' bf16 weight copies over fp32 weights, the combine's bmm operands
-    (autocast's casts where it runs: torchtitan's maybe_enable_amp on bf16 weights too), the shared experts."""
-    sp, s = spec(model), setup(precision=precision)
+    (autocast's casts where it runs: torchtitan's maybe_enable_amp on bf16 weights too) or, llama4's scoring before
+    the experts, the routed input's fp32 copy and its scores, the shared experts."""
+    s = setup(precision=precision)
+    sp = as_built(spec(model), s)
     per_token, fixed = torchtitan_moe.moe_block(sp, s)
     assert (per_token["linear_inputs"] + per_token["mlp"]) * B * S + fixed == _moe_saved_bytes(sp, s)
 
@@ -96,7 +105,7 @@ def test_moe_block_saves_what_torchtitans_module_saves(model, precision):
 CASES = [("qwen3", "amp-bf16", "none", 0.001), ("qwen3", "fp32", "full", 0.001), ("qwen3", "bf16", "op", 0.001),
          ("qwen3", "amp-bf16", "op", 0.001), ("deepseek_v3", "fp32", "none", 0.001),
          ("deepseek_v3", "fp32", "full", 0.001), ("deepseek_v3", "amp-bf16", "full", 0.01),
-         ("deepseek_v3", "bf16", "op", 0.025)]
+         ("deepseek_v3", "bf16", "op", 0.025), ("llama4", "amp-bf16", "full", 0.001), ("llama4", "bf16", "none", 0.001)]
 
 
 @pytest.mark.slow
@@ -141,3 +150,50 @@ def test_cpu_kernels_are_restored():
         assert counts.dtype == torch.int64 and counts.tolist() == [1, 2, 0, 1]
         assert torch.histc is not histc and kernels.fill_indices_wrapper is not fill
     assert torch.histc is histc and kernels.fill_indices_wrapper is fill
+
+
+def test_llama4_as_torchtitan_builds_it():
+    """transformers' Llama 4 runs every expert on every token, NoPE layers, chunked attention and a q/k L2 norm;
+    torchtitan's llama4 (non-iRoPE flavors) routes each token to its top-k and has RoPE and full causal attention on
+    every layer: the spec each stack trains, and its measured peak (the analytic's moments are those of routed
+    copies: with transformers' every-expert block the peak would be another's)."""
+    hf, tt = spec("llama4"), as_built(spec("llama4"), setup())
+    assert hf.moe.experts_every_token and hf.chunked_layers and hf.qk_l2_norm_layers and hf.nope_layers
+    assert not (tt.moe.experts_every_token or tt.chunked_layers or tt.qk_l2_norm_layers or tt.nope_layers)
+    assert as_built(hf, Setup(stack="hf", batch=B, seq=S)) is hf
+
+
+def test_llama4_flavors_are_torchtitans_model():
+    """stacks/torchtitan.toml [moe_models.llama4] against the experts torchtitan's own llama4 Transformer builds for
+    each flavor (its FeedForward sizing, on the meta device), and the catalog's Llama 4 models matched to them."""
+    from torchtitan.models.llama4 import Transformer, llama4_args
+
+    from trainfit.api import load_spec
+    from trainfit.plan.emit_torchtitan import torchtitan_flavor
+    from trainfit.stacks import get_stack
+
+    for flavor, shape in get_stack("torchtitan").facts["moe_models"]["llama4"].items():
+        a = llama4_args[flavor]
+        with torch.device("meta"):
+            model = Transformer(a)
+        moe = next(b.moe for b in model.layers.values() if b.moe_enabled)
+        assert (a.dim, a.n_layers, a.n_heads, a.vocab_size, moe.experts.w1.shape[1], a.moe_args.num_experts,
+                a.moe_args.top_k) == (shape["dim"], shape["n_layers"], shape["n_heads"], shape["vocab_size"],
+                                      shape["moe_inter_dim"], shape["num_experts"], shape["top_k"]), flavor
+    assert torchtitan_flavor(load_spec("llama-4-scout"))[:2] == ("llama4", "17bx16e")
+    assert torchtitan_flavor(load_spec("llama-4-maverick"))[:2] == ("llama4", "17bx128e")
+
+
+def test_emitted_llama4_job_parses_with_torchtitans_config_manager(tmp_path):
+    """--emit torchtitan for Llama 4 Scout under expert parallelism: torchtitan's ConfigManager reads the model, its
+    flavor and the EP degree back."""
+    from torchtitan.config import ConfigManager
+
+    from trainfit.api import load_spec
+    from trainfit.plan import emit
+
+    s = Setup(stack="torchtitan", zero=3, dp=8, ep=8, batch=1, seq=8192, recompute="op")
+    path = tmp_path / "job.toml"
+    path.write_text(emit.emit("torchtitan", s, load_spec("llama-4-scout"), 8, tokens=1e9))
+    cfg = ConfigManager().parse_args(["--job.config_file", str(path)])
+    assert (cfg.model.name, cfg.model.flavor, cfg.parallelism.expert_parallel_degree) == ("llama4", "17bx16e", 8)

@@ -35,13 +35,20 @@ INDEX = 8  # int64 token ids / labels
 @dataclass(frozen=True)
 class LayerActivations:
     """Saved bytes of one layer: `per_token` scales with b·s, `per_token_key` with b·s·s_k (eager), `fixed`
-    does not scale with the batch (autocast weight casts)."""
+    does not scale with the batch (autocast weight casts; and `uncached` of it: copies autocast's cache does not hold,
+    freed with the saved tensors where the layer is recomputed)."""
 
     per_token: float
     per_token_key: float
     fixed: float
     terms: dict  # name -> bytes per token, for the breakdown
     mlp_share: dict  # name -> of that term, the bytes per token the MLP sub-block saves (its norm, inputs, dropout)
+    uncached: float = 0.0
+
+    @property
+    def weight_casts(self) -> float:
+        """Of `fixed`, autocast's cached weight casts (kept to the autocast region's end, recomputed or not)."""
+        return self.fixed - self.uncached
 
     def bytes(self, tokens: int, keys: float) -> float:
         return self.per_token * tokens + self.per_token_key * tokens * keys + self.fixed
@@ -237,10 +244,13 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
     # Dropout on the attention output and on the MLP output (Korthikanti eq. 1 counts 1-byte masks).
     if p_resid > 0:
         t["dropout"] = 2 * h * mask
+    # copies outside autocast's cache: torchtitan's MoE block's (torchtitan_moe.uncached_fixed) and qwen3's rotary
+    uncached = torchtitan_moe.uncached_fixed(spec, setup) if moe and torchtitan_moe.block_on(setup) else 0.0
     if a != FP32 and torchtitan_moe.model_fact(spec, setup, "rotary_cos_sin"):
         # torchtitan's qwen3: cos and sin sliced from its fp32 rope_cache and cast to q's dtype in every layer
         # (models/qwen3/model/model.py:124-125), each saved by its multiply (:129-130)
         fixed += 2 * setup.seq / setup.cp * spec.head_dim * a
+        uncached += 2 * setup.seq / setup.cp * spec.head_dim * a
     fixed += spec.norms_per_layer * one_plus_weight_bytes(spec, st)
     if amp:
         # autocast's cached low-precision weight copies, saved for the input gradient (not batch-scaled); MoE
@@ -254,7 +264,7 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
             fixed -= a * autocast_copies_skipped(spec, setup)
     mlp_share = {"norms": t["norms"] / 2, "linear_inputs": (mlp_inputs if amp else 1) * a * h, "mlp": t["mlp"],
                  "dropout": t.get("dropout", 0) / 2}
-    return LayerActivations(sum(t.values()), per_key, fixed, t, mlp_share)
+    return LayerActivations(sum(t.values()), per_key, fixed, t, mlp_share, uncached)
 
 
 def check_trainable(spec: ModelSpec, setup: Setup) -> None:

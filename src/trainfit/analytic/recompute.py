@@ -106,7 +106,7 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
             # of trainable leaves only (aten/src/ATen/autocast_mode.cpp cached_cast: arg.requires_grad() &&
             # arg.is_leaf()): with LoRA only the adapters' casts stay, the frozen weights' are freed in the forward;
             # FSDP1's forward runs on views, none of them leaves (parallel/fsdp1.py)
-            casts = adapter_casts if setup.lora_rank else sum(w * k.fixed for w, k in kinds) / t
+            casts = adapter_casts if setup.lora_rank else sum(w * k.weight_casts for w, k in kinds) / t
     elif setup.recompute == "op":
         saved = op_sac_stored(spec, setup, st, tokens)
         # the block's backward re-runs its forward first: its whole saved set is live again (the stored outputs
@@ -122,7 +122,7 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
             saved += CPU_RNG_STATE  # torch/utils/checkpoint.py:1632, as under full
         if st.autocast and caches_weight_casts(setup):
             # autocast's cache keeps every weight's cast until the autocast region exits, checkpointed or not
-            casts = sum(w * k.fixed for w, k in kinds) / t
+            casts = sum(w * k.weight_casts for w, k in kinds) / t
     else:
         saved = one_layer
     # NB: with some dense and some MoE layers, the backward high points are those of the layer kind the rank has

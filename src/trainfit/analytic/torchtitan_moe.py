@@ -16,6 +16,13 @@ models/moe/moe.py), which its deepseek_v3, qwen3 and llama4 models build, on the
                 bmm(top_scores, routed_output_unsorted.float()) (:469-476, both saved; autocast casts both to
                 its dtype), with it a plain sum (:480)
     shared      FeedForward (:45-68: w2(silu(w1 x) * w3 x)) on the block input
+Checked byte for byte against the storages autograd saves in torchtitan's own module, and the step's peak against
+its real step on CPU (tests/stacks/test_torchtitan_moe.py, bench/targets/torchtitan_moe_cpu.py).
+NB: under expert parallelism ExpertParallel's all-to-all and its own _permute (distributed/expert_parallel.py) take
+indices_padding_wrapper's place: counted as above over the busiest rank's received rows (its dispatch buffers:
+parallel/expert_memory.py); not checked against a run (EP does not step in one CPU process).
+NB: the time of the block is transformers' block's op list (ops/moe.py: the router, grouped GEMMs, combine); the
+padded rows, the bf16 copies and the fp32 bmm combine are not timed: predicted faster by their memory traffic.
 """
 from __future__ import annotations
 
@@ -58,7 +65,6 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
     st = state_bytes(setup)
     a, r, amp = st.act, st.residual, st.autocast
     h, k, i = spec.hidden, m.top_k, m.expert_intermediate
-    local = max(1, m.num_experts // getattr(setup, "ep", 1))
     # the block input x is the ffn norm's output, in the residual dtype; the gate linear saves it (autocast: its
     # own cast)
     inputs = a * h
@@ -80,11 +86,7 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
     experts = k * per_row
     load = busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp)
     mlp = router + combine + (reorder + score + experts) * load
-    # the padding's rows (E·8 at most) and the int32 group offsets
-    fixed = local * ALIGN * per_row + INT32 * local
-    weight = st.param or st.weight
-    if weight != BF16:  # w.bfloat16() of each expert matrix, saved by grouped_mm
-        fixed += BF16 * 3 * local * h * i
+    fixed = uncached_fixed(spec, setup)
     if amp:
         fixed += a * m.num_experts * h  # autocast's cast of the gate weight
     if m.shared_intermediate:
@@ -94,6 +96,20 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
             fixed += a * 3 * h * s
         mlp += 4 * a * s
     return {"linear_inputs": inputs, "mlp": mlp}, fixed
+
+
+def uncached_fixed(spec: ModelSpec, setup: Setup) -> float:
+    """Of the block's batch-independent saved bytes, those autocast's cache does not hold: the padding's rows (8 per
+    local expert) on the grouped GEMMs' saved tensors, the int32 group offsets, and the bf16 copy of each expert
+    matrix over non-bf16 weights (`w.bfloat16()`, moe.py:123-128: a plain copy, saved by grouped_mm)."""
+    m, st = spec.moe, state_bytes(setup)
+    h, i = spec.hidden, m.expert_intermediate
+    local = max(1, m.num_experts // getattr(setup, "ep", 1))
+    per_row = INT32 + BF16 * ((1 if st.residual == BF16 else 2) * h + 4 * i)
+    out = local * ALIGN * per_row + INT32 * local
+    if (st.param or st.weight) != BF16:
+        out += BF16 * 3 * local * h * i
+    return out
 
 
 def padded_rows(spec: ModelSpec, setup: Setup, routed: float) -> float:
@@ -129,24 +145,27 @@ def moments(spec: ModelSpec, setup: Setup, st, tokens: float, pending: float, re
     routed = k * tokens * busiest_rank_load(spec, setup, tokens)
     rows = padded_rows(spec, setup, routed)
     w = a if autocast(setup, a) else FP32
-    grad_cast = w * h * tokens if w != r else 0.0
-    if model_fact(spec, setup, "score_before_experts"):
-        combine = 0.0
-    else:
-        combine = (w * h + w) * k * tokens
+    scored = model_fact(spec, setup, "score_before_experts")
+    # the layer output's gradient cast to the bmm's dtype (`.to(x.dtype)`, moe.py:474; the scored block sums in x's)
+    grad_cast = w * h * tokens if w != r and not scored else 0.0
+    combine = 0.0 if scored else (w * h + w) * k * tokens  # the bmm's saved operands
     out = [Moment(recomputed + pending + grad_cast + combine, 0.0)]
-    if setup.recompute in ("full", "op"):
-        unpermute = rows * h * r + (routed + 1) * h * r + INDEX * rows
-        locals_ = rows * h * r + routed * h * r + 2 * FP32 * routed + (r * h * tokens if r != a and w == a else 0)
-        out.append(Moment(recomputed - combine + pending + grad_cast + mid + unpermute + locals_, 0.0))
-        block_in = r * h * tokens if r != a and w == a else 0
-        # (the unsorted output is the bmm's saved operand itself where `.float()` is a no-op, moe.py:472)
-        unsorted = 0 if w == r == FP32 else routed * h * r
-        frame = block_in + routed * h * r + (routed + 1) * h * r + unsorted + 2 * FP32 * routed + r * h * tokens
-        frame += (a + r) * h * tokens if m.shared_intermediate else (w * h * tokens if w != r else 0)
-        if m.shared_intermediate and a != r and setup.device == "cpu":
-            # a CPU add of the 16-bit shared output to the fp32 sum first copies it to fp32 (TensorIterator's
-            # common-dtype cast on CPU, trace/cpu_casts.py)
-            frame += FP32 * h * tokens
-        out.append(Moment(recomputed + pending + grad_cast + mid + frame, 0.0))
+    if setup.recompute not in ("full", "op"):
+        return out
+    block_in = r * h * tokens if r != a and autocast(setup, a) else 0  # the gate saves its cast
+    # the routed input (or, scored, its scaled copy: the gather itself is saved by the multiply) and the scores
+    # no op saved (scored: the scaled top-k; else those and their sorted copy)
+    routed_in = routed * h * r + (1 if scored else 2) * FP32 * routed
+    unpermute = rows * h * r + (routed + 1) * h * r + INDEX * rows
+    out.append(Moment(recomputed - combine + pending + grad_cast + mid + unpermute + rows * h * r + routed_in
+                      + block_in, 0.0))
+    # (the unsorted output is the bmm's saved operand itself where `.float()` is a no-op, moe.py:472)
+    unsorted = 0 if (w == r == FP32 and not scored) else routed * h * r
+    frame = block_in + routed_in + (routed + 1) * h * r + unsorted + r * h * tokens
+    frame += (a + r) * h * tokens if m.shared_intermediate else (w * h * tokens if w != r and not scored else 0)
+    if m.shared_intermediate and a != r and setup.device == "cpu":
+        # a CPU add of the 16-bit shared output to the fp32 sum first copies it to fp32 (TensorIterator's
+        # common-dtype cast on CPU, trace/cpu_casts.py)
+        frame += FP32 * h * tokens
+    out.append(Moment(recomputed + pending + grad_cast + mid + frame, 0.0))
     return out

@@ -1213,5 +1213,18 @@ def one_label(spec: ModelSpec) -> ModelSpec:
 
 def for_setup(spec: ModelSpec, setup: "Setup") -> ModelSpec:
     """The spec of the model `setup` trains: the head `trainfit.heads.resolve` picks (--head, else the config's
-    architectures, else the family's LM head; inference: the LM head)."""
-    return with_head(spec, heads.resolve(spec, setup.head, setup.mode))
+    architectures, else the family's LM head; inference: the LM head), as the stack builds it (as_built)."""
+    return as_built(with_head(spec, heads.resolve(spec, setup.head, setup.mode)), setup)
+
+
+def as_built(spec: ModelSpec, setup: "Setup") -> ModelSpec:
+    """`spec` as the stack's own model of its family builds it, where that differs from transformers' (stacks/*.toml
+    [spec_as_built.<model>], by [moe_models] model: torchtitan's llama4); itself where nothing changes."""
+    facts = setup.stack_facts.facts
+    model = facts.get("moe_models", {}).get("model", {}).get(spec.family)
+    changes = dict(facts.get("spec_as_built", {}).get(model, {}))
+    moe = changes.pop("moe", None)
+    if moe and spec.moe is not None and any(getattr(spec.moe, k) != v for k, v in moe.items()):
+        changes["moe"] = replace(spec.moe, **moe)
+    changes = {k: v for k, v in changes.items() if getattr(spec, k) != v}
+    return replace(spec, **changes) if changes else spec

@@ -1,4 +1,4 @@
-"""torchtitan's MoE models (its qwen3 and deepseek_v3 Transformers, stacks/torchtitan.toml [moe_models]) built from
+"""torchtitan's MoE models (its qwen3, deepseek_v3 and llama4 Transformers, stacks/torchtitan.toml [moe_models]) built from
 a trainfit ModelSpec, for the measure engine's real step in one process (no expert parallelism).
 
 Two of torchtitan 0.2.2's MoE kernels have no CPU implementation; on a CPU the step runs them as follows, the
@@ -38,20 +38,43 @@ def check(spec: "ModelSpec", setup: "Setup") -> None:
     if setup.ep > 1 or setup.dp > 1:
         raise EngineUnavailableError(f"--stack torchtitan: the measure engine runs {spec.name}'s MoE model in one "
                                      "process, without data or expert parallelism; use --engine analytic")
-    if torchtitan_model(spec, setup) == "qwen3" and (spec.moe.sparse_layers or spec.layers) != spec.layers:
+    model, dense = torchtitan_model(spec, setup), (spec.moe.sparse_layers or spec.layers) != spec.layers
+    if model == "qwen3" and dense:
         raise EngineUnavailableError(f"--stack torchtitan: torchtitan's qwen3 makes every layer MoE "
                                      f"(models/qwen3/model/model.py:366-372); {spec.name} has dense layers")
+    if model == "llama4" and dense and not spec.moe.layer_step:
+        raise EngineUnavailableError(f"--stack torchtitan: torchtitan's llama4 makes every "
+                                     "interleave_moe_layer_step-th layer MoE (models/llama4/model/model.py:387); "
+                                     f"{spec.name}'s MoE layers follow another pattern")
 
 
-def _moe_args(spec: "ModelSpec"):
+def _moe_args(spec: "ModelSpec", setup: "Setup"):
     """torchtitan's MoEArgs (models/moe/moe.py:21-41) for `spec`'s router and experts."""
     from torchtitan.models.moe import MoEArgs
 
+    from ..analytic.torchtitan_moe import model_fact
+
     m = spec.moe
     return MoEArgs(num_experts=m.num_experts, num_shared_experts=m.shared_intermediate // m.expert_intermediate,
-                   top_k=m.top_k, score_func="sigmoid" if m.router_scoring == "sigmoid" else "softmax",
+                   top_k=m.top_k, score_func="sigmoid" if m.router_scoring.startswith("sigmoid") else "softmax",
                    route_norm=m.norm_topk, route_scale=m.routed_scaling, num_expert_groups=m.route_groups or None,
-                   num_limited_groups=m.route_group_topk or None, score_before_experts=False, use_grouped_mm=True)
+                   num_limited_groups=m.route_group_topk or None,
+                   score_before_experts=model_fact(spec, setup, "score_before_experts"), use_grouped_mm=True)
+
+
+def llama4_ffn_sizing(dim: int, dense: int, expert: int, per_token: int) -> tuple[int, float]:
+    """(multiple_of, ffn_dim_multiplier) for which torchtitan's llama4 sizing gives the dense layers' FFN width
+    `dense` and the experts' `expert`: hidden = int(multiplier · int(2·4·dim/3)), the experts' int(hidden /
+    (top_k + shared experts)), each rounded up to multiple_of (models/llama4/model/model.py:388-402, FeedForward
+    :326-330). Searches the powers of two its flavours use (2048: Scout's and Maverick's), largest first."""
+    base = int(2 * (4 * dim) / 3)
+    for mult_of in (2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1):
+        for hidden in range(dense, max(0, dense - mult_of), -1):  # int(m · base) rounds up to `dense`
+            moe = int(hidden / per_token)
+            if -(-moe // mult_of) * mult_of == expert:
+                return mult_of, (hidden + 0.5) / base
+    raise EngineUnavailableError(f"--stack torchtitan: no multiple_of/ffn_dim_multiplier gives torchtitan's llama4 "
+                                 f"FFN widths {dense} (dense) and {expert} (experts) for dim {dim}")
 
 
 def model_and_args(spec: "ModelSpec", setup: "Setup"):
@@ -71,7 +94,23 @@ def model_and_args(spec: "ModelSpec", setup: "Setup"):
             dim=spec.hidden, n_layers=spec.layers, n_heads=spec.heads, n_kv_heads=spec.kv_heads,
             vocab_size=spec.vocab, head_dim=spec.head_dim, hidden_dim=spec.intermediate, norm_eps=eps,
             rope_theta=theta, qk_norm=spec.qk_norm, max_seq_len=setup.seq, moe_enabled=True,
-            moe_inter_dim=spec.moe.expert_intermediate, moe_args=_moe_args(spec))
+            moe_inter_dim=spec.moe.expert_intermediate, moe_args=_moe_args(spec, setup))
+    if model == "llama4":
+        from torchtitan.models.llama4 import Transformer, TransformerModelArgs
+        from torchtitan.models.llama4.model.args import RoPEScalingArgs
+
+        per_token = spec.moe.top_k + spec.moe.shared_intermediate // spec.moe.expert_intermediate
+        mult_of, mult = llama4_ffn_sizing(spec.hidden, spec.intermediate, spec.moe.expert_intermediate, per_token)
+        scaling = (RoPEScalingArgs(scaling_factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
+                                   high_freq_factor=float(rope["high_freq_factor"]),
+                                   original_max_position_embeddings=int(rope["original_max_position_embeddings"]))
+                   if rope.get("low_freq_factor") is not None else None)
+        # the non-iRoPE flavors' attention (sdpa, causal: stacks/torchtitan.toml [spec_as_built.llama4])
+        return Transformer, TransformerModelArgs(
+            dim=spec.hidden, n_layers=spec.layers, n_heads=spec.heads, n_kv_heads=spec.kv_heads,
+            vocab_size=spec.vocab, multiple_of=mult_of, ffn_dim_multiplier=mult, norm_eps=eps, rope_theta=theta,
+            rope_scaling_args=scaling, max_seq_len=setup.seq, moe_args=_moe_args(spec, setup),
+            interleave_moe_layer_step=spec.moe.layer_step or 1)
     from torchtitan.models.deepseek_v3.model.args import DeepSeekV3ModelArgs
     from torchtitan.models.deepseek_v3.model.model import DeepSeekV3Model
 
@@ -80,7 +119,7 @@ def model_and_args(spec: "ModelSpec", setup: "Setup"):
         max_seq_len=setup.seq, vocab_size=spec.vocab, dim=spec.hidden, inter_dim=spec.intermediate,
         moe_inter_dim=spec.moe.expert_intermediate, n_layers=spec.layers,
         n_dense_layers=spec.layers - (spec.moe.sparse_layers or spec.layers), n_heads=spec.heads, norm_eps=eps,
-        moe_args=_moe_args(spec), q_lora_rank=mla.q_lora_rank, kv_lora_rank=mla.kv_lora_rank,
+        moe_args=_moe_args(spec, setup), q_lora_rank=mla.q_lora_rank, kv_lora_rank=mla.kv_lora_rank,
         qk_nope_head_dim=mla.qk_nope_head_dim, qk_rope_head_dim=mla.qk_rope_head_dim, v_head_dim=mla.v_head_dim,
         rope_theta=theta, rope_factor=float(rope.get("factor", 40)),
         original_seq_len=int(rope.get("original_max_position_embeddings", 4096)))
@@ -89,9 +128,13 @@ def model_and_args(spec: "ModelSpec", setup: "Setup"):
 
 
 def op_sac_save_list(spec: "ModelSpec", setup: "Setup") -> set:
-    """The model's own per-op SAC save list (models/qwen3/infra/parallelize.py:39, deepseek_v3's :33)."""
-    if torchtitan_model(spec, setup) == "qwen3":
+    """The model's own per-op SAC save list (models/qwen3/infra/parallelize.py:39, deepseek_v3's :33, llama4's
+    :51)."""
+    model = torchtitan_model(spec, setup)
+    if model == "qwen3":
         from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
+    elif model == "llama4":
+        from torchtitan.models.llama4.infra.parallelize import _op_sac_save_list
     else:
         from torchtitan.models.deepseek_v3.infra.parallelize import _op_sac_save_list
     return _op_sac_save_list
