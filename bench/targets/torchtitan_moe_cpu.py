@@ -2,8 +2,8 @@
 
     python -m bench run torchtitan_moe_cpu [--out bench/results/torchtitan_moe_cpu.md]
 
-torchtitan's qwen3, deepseek_v3 and llama4 Transformers with its own MoE module (router, TokenReorderer, the padded grouped
-GEMMs, the bmm combine, shared experts), built from tiny configs by trainfit's measure engine
+torchtitan's qwen3, deepseek_v3 and llama4 Transformers with its own MoE module (router, TokenReorderer, the padded
+grouped GEMMs, the bmm combine, shared experts), built from tiny configs by trainfit's measure engine
 (trainfit/step/torchtitan_moe.py), one process, every recompute policy torchtitan runs × fp32 / amp-bf16 / bf16. The
 real peak is read from c10's allocation records (trainfit/measure/cpu_peak.py); the analytic engine predicts it with
 analytic/torchtitan_moe.py. The rows with dense layers beside the MoE ones (deepseek_v3's first, llama4's
@@ -67,7 +67,8 @@ def main(argv=None) -> None:
     lines = ["# --stack torchtitan MoE: analytic vs torchtitan's real MoE step on CPU "
              "(`python -m bench run torchtitan_moe_cpu`)", "",
              __doc__.split("\n\n", 2)[2].strip(), "",
-             "| model | precision | recompute | real peak (B) | analytic (B) | error |", "| --- | --- | --- | --- | --- | --- |"]
+             "| model | precision | recompute | real peak (B) | analytic (B) | error |",
+             "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['model']} | {r['precision']} | {r['recompute']} | {r['real']:,} | {r['analytic']:,.0f} | "
               f"{pct(r['error'], digits=2)} |" for r in rows]
     with open(args.out, "w") as f:
@@ -81,7 +82,8 @@ def main(argv=None) -> None:
            rows=[{"table": "accuracy", "stack": "torchtitan (MoE)", "engine": "analytic",
                   "truth": "real CPU step (qwen3, deepseek_v3, llama4)", "cases": len(one_kind),
                   "median |error|": pct(median, False, 2), "worst": pct(worst, digits=2)},
-                 {"table": "cpu", "stack": "torchtitan (MoE)", "case": "qwen3, deepseek_v3, llama4 × 3 policies × 3 precisions",
+                 {"table": "cpu", "stack": "torchtitan (MoE)",
+                  "case": "qwen3, deepseek_v3, llama4 × 3 policies × 3 precisions",
                   "cases": len(one_kind), "trace vs real": "—", "analytic vs real": f"worst {pct(worst, digits=2)}"}])
 
 

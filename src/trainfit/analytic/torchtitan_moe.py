@@ -21,8 +21,7 @@ its real step on CPU (tests/stacks/test_torchtitan_moe.py, bench/targets/torchti
 NB: under expert parallelism ExpertParallel's all-to-all and its own _permute (distributed/expert_parallel.py) take
 indices_padding_wrapper's place: counted as above over the busiest rank's received rows (its dispatch buffers:
 parallel/expert_memory.py); not checked against a run (EP does not step in one CPU process).
-NB: the time of the block is transformers' block's op list (ops/moe.py: the router, grouped GEMMs, combine); the
-padded rows, the bf16 copies and the fp32 bmm combine are not timed: predicted faster by their memory traffic.
+Its kernels, for the step's time: ops/torchtitan_moe.py.
 """
 from __future__ import annotations
 

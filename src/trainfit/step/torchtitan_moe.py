@@ -1,5 +1,5 @@
-"""torchtitan's MoE models (its qwen3, deepseek_v3 and llama4 Transformers, stacks/torchtitan.toml [moe_models]) built from
-a trainfit ModelSpec, for the measure engine's real step in one process (no expert parallelism).
+"""torchtitan's MoE models (its qwen3, deepseek_v3 and llama4 Transformers, stacks/torchtitan.toml [moe_models])
+built from a trainfit ModelSpec, for the measure engine's real step in one process (no expert parallelism).
 
 Two of torchtitan 0.2.2's MoE kernels have no CPU implementation; on a CPU the step runs them as follows, the
 tensors they make unchanged:

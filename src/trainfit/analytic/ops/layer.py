@@ -21,6 +21,7 @@ from .mamba2 import SCAN, block_norm, mamba_mixer
 from .mla import mla_projections
 from .megatron_moe import megatron_moe_block
 from .moe import moe_block
+from .torchtitan_moe import torchtitan_moe_block
 from .norm import NORMS, norm_ops
 from .op import DOWNCAST, Op, Shape, bwd_kernel, gemm, memory
 from .residual import residual
@@ -252,7 +253,7 @@ def _plain_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection) -> N
 
 
 # the sparse MoE block by the stack's [moe] block fact (Shape.moe_block)
-MOE_BLOCKS = {"transformers": moe_block, "megatron": megatron_moe_block, "torchtitan-moe": moe_block}
+MOE_BLOCKS = {"transformers": moe_block, "megatron": megatron_moe_block, "torchtitan-moe": torchtitan_moe_block}
 
 
 def _moe_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection) -> None:

@@ -140,6 +140,9 @@ class Shape:
     # router adds its load-balancing loss in training ([moe] aux_loss)
     moe_block: str = "transformers"
     moe_aux_loss: bool = False
+    # torchtitan's block: the model's MoEArgs multiply the routed input by its score before the experts (llama4:
+    # analytic/torchtitan_moe.py model_fact; ops/torchtitan_moe.py)
+    moe_scored: bool = False
     # the busiest expert-parallel rank's routed copies over the balanced mean (analytic/moe_imbalance.py): its
     # expert GEMMs and expert-side elementwise ops run on that many (ops/moe.py)
     moe_load: float = 1.0

@@ -10,6 +10,7 @@ from ..activations import FP32, norm_kernel, resolved_kernel
 from ..families import family_traits
 from ..liger import liger_on, swiglu_on
 from ..long_context import sp_degree
+from .. import torchtitan_moe
 from ..moe_imbalance import busiest_rank_load
 from ..precision import StateBytes
 from ..te_recipes import runs_te
@@ -58,6 +59,7 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                      getattr(setup, "mx_scale", "floor"), ())) if lp == "mxfp8" and not te else (),
                  moe_block=facts.get("moe", {}).get("block", "transformers"),
                  moe_aux_loss=aux_loss_runs(spec, facts),
+                 moe_scored=spec.is_moe and torchtitan_moe.model_fact(spec, setup, "score_before_experts"),
                  moe_load=busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp),
                  moe_force_balance=bool(getattr(setup, "moe_force_balance", False)),
                  moe_gemm_streams=int(facts.get("moe", {}).get("gemm_streams", 0)),
@@ -69,8 +71,10 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  loss_fusion=loss_kernel(setup))
 
 
-# The fields only the sparse MoE block reads (ops/layer.py MOE_BLOCKS: ops/moe.py, ops/megatron_moe.py)
-MOE_ONLY = ("ep", "moe_block", "moe_aux_loss", "moe_load", "moe_force_balance", "moe_gemm_streams", "expert_tp")
+# The fields only the sparse MoE block reads (ops/layer.py MOE_BLOCKS: ops/moe.py, ops/megatron_moe.py,
+# ops/torchtitan_moe.py)
+MOE_ONLY = ("ep", "moe_block", "moe_aux_loss", "moe_scored", "moe_load", "moe_force_balance", "moe_gemm_streams",
+            "expert_tp")
 _MOE_DEFAULTS = {f.name: f.default for f in fields(Shape) if f.name in MOE_ONLY}
 
 

@@ -1,5 +1,5 @@
 """The torchtitan stack: the base behaviour (torch FSDP2/DDP, torch.optim, clip_grad_norm_), over the models
-torchtitan builds here (its llama3 Transformer; its deepseek_v3 and qwen3 MoE models, with expert parallelism:
+torchtitan builds here (its llama3 Transformer; its deepseek_v3, qwen3 and llama4 MoE models, with expert parallelism:
 parallel/expert_memory.py); its facts (FSDP2 groups and mixed precision, rotary buffer, SAC, EP layout) are
 stacks/torchtitan.toml."""
 from __future__ import annotations
@@ -21,8 +21,8 @@ class TorchtitanModel(StackModel):
             return
         moe_families = setup.stack_facts.fact("moe_models", "families")
         if spec.is_moe and spec.family in moe_families:
-            # torchtitan's deepseek_v3 / qwen3 MoE models (stacks/torchtitan.toml [moe_models]); their routed experts
-            # are GroupedExperts parameters, which the Linear converters leave in bf16 and quantize.grouped_mm's
+            # torchtitan's deepseek_v3 / qwen3 / llama4 MoE models (stacks/torchtitan.toml [moe_models]); their routed
+            # experts are GroupedExperts parameters, which the Linear converters leave in bf16 and quantize.grouped_mm's
             # converters (config/job_config.py:755-810) quantize: neither modelled here
             lp = getattr(setup, "low_precision", "none")
             if lp != "none":
@@ -38,8 +38,8 @@ class TorchtitanModel(StackModel):
             return
         if spec.is_moe:
             raise SetupError(f"--stack torchtitan: {spec.name} is a {spec.family} mixture of experts; trainfit models "
-                             f"torchtitan's MoE models of model_type {', '.join(moe_families)} (its deepseek_v3 and "
-                             "qwen3 MoE flavors): use --stack hf or --stack megatron")
+                             f"torchtitan's MoE models of model_type {', '.join(moe_families)} (its deepseek_v3, "
+                             "qwen3 and llama4 MoE flavors): use --stack hf or --stack megatron")
         if spec.family != "llama" or not spec.causal:
             raise SetupError(f"--stack torchtitan runs torchtitan's Llama3 Transformer, which builds llama-family "
                              f"models (model_type llama) only; {spec.name} is {spec.family}: use --stack hf")
@@ -82,9 +82,10 @@ class TorchtitanModel(StackModel):
                        "layer, fp32 dK/dV passed round the ring, outputs merged in fp32); its cp SDPA calls per layer "
                        "timed as one kernel (their launches not counted)")
         if setup.ep > 1 and spec.is_moe:
+            saves = " and ".join(setup.stack_facts.fact("expert_dispatch", "op_sac_saves"))
             out.append(f"expert parallelism: ep {setup.ep} x etp {setup.expert_tp}, routing taken as balanced; a real "
                        "router's busiest rank receives more tokens, and its dispatch buffers (and, under op SAC, "
-                       "deepseek_v3's stored all-to-all outputs) grow with them")
+                       f"{saves}'s stored all-to-all outputs) grow with them")
             if setup.moe_dispatcher == "deepep":
                 out.append("DeepEP dispatch and combine: each token sent once to each rank holding one of its experts; "
                            "its routed buffers counted as the all-to-all's (NB: over: DeepEP holds the distinct "
