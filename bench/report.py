@@ -78,7 +78,8 @@ def load_figures(folder: Path = FIGURES) -> list[dict]:
 
 
 def load_manifest(path: Path = MANIFEST) -> list[dict] | None:
-    """The GPU runs' manifest entries (any top-level array of tables, or tables keyed by file); None if absent."""
+    """The GPU runs' manifest entries (any top-level array of tables, or tables keyed by file, each naming its gpu:
+    not the [readers] table, which says which tests read each kind); None if absent."""
     if not path.exists():
         return None
     data = tomllib.loads(path.read_text())
@@ -86,7 +87,7 @@ def load_manifest(path: Path = MANIFEST) -> list[dict] | None:
     for key, value in data.items():
         if isinstance(value, list):
             entries += [entry for entry in value if isinstance(entry, dict)]
-        elif isinstance(value, dict):
+        elif isinstance(value, dict) and "gpu" in value:
             entries.append({"file": key, **value})
     return entries
 
