@@ -42,6 +42,18 @@ def block_on(setup: Setup) -> bool:
     return setup.stack_facts.facts.get("moe", {}).get("block") == "torchtitan-moe"
 
 
+def local_experts(spec: ModelSpec, setup: Setup) -> int:
+    """The experts a rank holds: E / ep."""
+    return max(1, spec.moe.num_experts // getattr(setup, "ep", 1))
+
+
+def row_bytes(spec: ModelSpec, st) -> float:
+    """Per padded row of the grouped GEMMs, what is saved: its int32 index, x's bf16 copies (one where x is bf16
+    already: .bfloat16() returns it), silu's input and output, the w3 product and their product."""
+    copies = 1 if st.residual == BF16 else 2
+    return INT32 + BF16 * (copies * spec.hidden + 4 * spec.moe.expert_intermediate)
+
+
 def model_fact(spec: ModelSpec, setup: Setup, name: str) -> bool:
     """stacks/torchtitan.toml [moe_models] `name` for the torchtitan model that builds spec's family: its MoEArgs'
     score_before_experts (the routed input scaled by its score before the experts), rotary_cos_sin (its rotary an
@@ -62,8 +74,8 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
     (module docstring), as analytic/moe.py's moe_block returns them."""
     m = spec.moe
     st = state_bytes(setup)
-    a, r, amp = st.act, st.residual, st.autocast
-    h, k, i = spec.hidden, m.top_k, m.expert_intermediate
+    a, amp = st.act, st.autocast
+    h, k = spec.hidden, m.top_k
     # the block input x is the ffn norm's output, in the residual dtype; the gate linear saves it (autocast: its
     # own cast)
     inputs = a * h
@@ -78,11 +90,7 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
         score = 0.0
         w = a if autocast(setup, a) else FP32  # autocast runs bmm in its dtype and casts both fp32 operands
         combine = w * k * h + w * k
-    # grouped GEMMs on the padded rows: the int32 indices, x's bf16 copies (one where x is bf16 already:
-    # .bfloat16() returns it), silu's input and output, the w3 product, their product
-    copies = 1 if r == BF16 else 2
-    per_row = INT32 + BF16 * (copies * h + 4 * i)
-    experts = k * per_row
+    experts = k * row_bytes(spec, st)  # each routed copy's row of the grouped GEMMs
     load = busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp)
     mlp = router + combine + (reorder + score + experts) * load
     fixed = uncached_fixed(spec, setup)
@@ -101,21 +109,17 @@ def uncached_fixed(spec: ModelSpec, setup: Setup) -> float:
     """Of the block's batch-independent saved bytes, those autocast's cache does not hold: the padding's rows (8 per
     local expert) on the grouped GEMMs' saved tensors, the int32 group offsets, and the bf16 copy of each expert
     matrix over non-bf16 weights (`w.bfloat16()`, moe.py:123-128: a plain copy, saved by grouped_mm)."""
-    m, st = spec.moe, state_bytes(setup)
-    h, i = spec.hidden, m.expert_intermediate
-    local = max(1, m.num_experts // getattr(setup, "ep", 1))
-    per_row = INT32 + BF16 * ((1 if st.residual == BF16 else 2) * h + 4 * i)
-    out = local * ALIGN * per_row + INT32 * local
+    st, local = state_bytes(setup), local_experts(spec, setup)
+    out = local * ALIGN * row_bytes(spec, st) + INT32 * local
     if (st.param or st.weight) != BF16:
-        out += BF16 * 3 * local * h * i
+        out += BF16 * 3 * local * spec.hidden * spec.moe.expert_intermediate
     return out
 
 
 def padded_rows(spec: ModelSpec, setup: Setup, routed: float) -> float:
     """Rows of the experts' padded input: _permute's max_len, round_up(T·k + E_local·8, 8) (models/moe/utils.py:
     41-45), whatever the tokens per expert (the unused rows index the appended zero row)."""
-    local = max(1, spec.moe.num_experts // getattr(setup, "ep", 1))
-    return -(-(routed + local * ALIGN) // ALIGN) * ALIGN
+    return -(-(routed + local_experts(spec, setup) * ALIGN) // ALIGN) * ALIGN
 
 
 def moments(spec: ModelSpec, setup: Setup, st, tokens: float, pending: float, recomputed: float,
