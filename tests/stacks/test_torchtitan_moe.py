@@ -197,3 +197,12 @@ def test_emitted_llama4_job_parses_with_torchtitans_config_manager(tmp_path):
     path.write_text(emit.emit("torchtitan", s, load_spec("llama-4-scout"), 8, tokens=1e9))
     cfg = ConfigManager().parse_args(["--job.config_file", str(path)])
     assert (cfg.model.name, cfg.model.flavor, cfg.parallelism.expert_parallel_degree) == ("llama4", "17bx16e", 8)
+
+
+def test_engine_all_skips_the_trace_for_an_moe_model(cli):
+    """`--engine all` runs the analytic engine and says why the trace is skipped (it was an error, exit 2): the
+    stack's step runs, this model's router counts do not on fake tensors."""
+    code, out, err = cli("estimate", "tiny-deepseek-v2", "--stack", "torchtitan", "--engine", "all", "--batch", "2",
+                         "--seq", "128")
+    assert code == 0, err
+    assert "trace engine skipped" in out and "router's token counts" in out

@@ -208,6 +208,16 @@ def apply_data_parallel(model: torch.nn.Module, setup: "Setup", mesh) -> None:
                 m.set_force_sum_reduction_for_comms(True)
 
 
+def trace_refusal(spec: "ModelSpec", setup: "Setup") -> str | None:
+    """Why the trace engine cannot run this model's step, or None: torchtitan's MoE models size their expert GEMMs
+    from the router's token counts (generate_permute_indices' fill, _run_experts_for_loop's tolist), data that fake
+    tensors do not hold."""
+    if not spec.is_moe:
+        return None
+    return (f"--stack torchtitan: {spec.name}'s MoE model sizes its expert GEMMs from the router's token counts, "
+            "which fake tensors do not hold; use --engine analytic or measure")
+
+
 def build(spec: "ModelSpec", setup: "Setup", device="cpu", mesh=None, fake: bool = False) -> torch.nn.Module:
     """torchtitan's model for `spec`, checkpointed and (setup.dp > 1) sharded or replicated over `mesh` (default: a
     1-D mesh over the default process group), materialised on `device` with torchtitan's init, in train mode.
@@ -215,11 +225,8 @@ def build(spec: "ModelSpec", setup: "Setup", device="cpu", mesh=None, fake: bool
     fake=True (the trace engine, under FakeTensorMode): the model is created on `device` directly and torchtitan's
     init_weights (values only) is skipped -- FakeTensorMode cannot swap meta parameters for fake ones in to_empty,
     and trunc_normal_ reads a tensor value; the parameters, buffers and wrappers are the same."""
-    if spec.is_moe and fake:
-        # (the router's token counts are data: _run_experts_for_loop's tolist, generate_permute_indices' fill)
-        raise EngineUnavailableError(f"--stack torchtitan: {spec.name}'s MoE model sizes its expert GEMMs from the "
-                                     "router's token counts, which fake tensors do not hold; use --engine analytic "
-                                     "or measure")
+    if fake and trace_refusal(spec, setup):
+        raise EngineUnavailableError(trace_refusal(spec, setup))
     if spec.is_moe:
         model_class, args = torchtitan_moe.model_and_args(spec, setup)
         save_list = torchtitan_moe.op_sac_save_list(spec, setup)
