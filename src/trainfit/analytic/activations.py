@@ -249,8 +249,9 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
     if a != FP32 and torchtitan_moe.model_fact(spec, setup, "rotary_cos_sin"):
         # torchtitan's qwen3: cos and sin sliced from its fp32 rope_cache and cast to q's dtype in every layer
         # (models/qwen3/model/model.py:124-125), each saved by its multiply (:129-130)
-        fixed += 2 * setup.seq / setup.cp * spec.head_dim * a
-        uncached += 2 * setup.seq / setup.cp * spec.head_dim * a
+        cos_sin = 2 * setup.seq / setup.cp * spec.head_dim * a
+        fixed += cos_sin
+        uncached += cos_sin
     fixed += spec.norms_per_layer * one_plus_weight_bytes(spec, st)
     if amp:
         # autocast's cached low-precision weight copies, saved for the input gradient (not batch-scaled); MoE

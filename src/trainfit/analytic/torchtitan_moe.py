@@ -58,9 +58,7 @@ def model_fact(spec: ModelSpec, setup: Setup, name: str) -> bool:
     """stacks/torchtitan.toml [moe_models] `name` for the torchtitan model that builds spec's family: its MoEArgs'
     score_before_experts (the routed input scaled by its score before the experts), rotary_cos_sin (its rotary an
     fp32 cos/sin cache)."""
-    facts = setup.stack_facts.facts.get("moe_models", {})
-    model = facts.get("model", {}).get(spec.family)
-    return model in facts.get(name, ())
+    return setup.stack_facts.moe_model(spec.family) in setup.stack_facts.facts.get("moe_models", {}).get(name, ())
 
 
 def autocast(setup: Setup, act: int) -> bool:
@@ -117,9 +115,14 @@ def uncached_fixed(spec: ModelSpec, setup: Setup) -> float:
 
 
 def padded_rows(spec: ModelSpec, setup: Setup, routed: float) -> float:
-    """Rows of the experts' padded input: _permute's max_len, round_up(T·k + E_local·8, 8) (models/moe/utils.py:
-    41-45), whatever the tokens per expert (the unused rows index the appended zero row)."""
-    return -(-(routed + local_experts(spec, setup) * ALIGN) // ALIGN) * ALIGN
+    """Rows of the experts' padded input (pad_rows) for `routed` rows over the rank's experts."""
+    return pad_rows(routed, local_experts(spec, setup))
+
+
+def pad_rows(routed: float, local: int) -> float:
+    """_permute's max_len: round_up(routed + 8·local, 8) rows (models/moe/utils.py:41-45), whatever the tokens per
+    expert (the unused rows index the appended zero row)."""
+    return -(-(routed + local * ALIGN) // ALIGN) * ALIGN
 
 
 def moments(spec: ModelSpec, setup: Setup, st, tokens: float, pending: float, recomputed: float,

@@ -1220,9 +1220,8 @@ def for_setup(spec: ModelSpec, setup: "Setup") -> ModelSpec:
 def as_built(spec: ModelSpec, setup: "Setup") -> ModelSpec:
     """`spec` as the stack's own model of its family builds it, where that differs from transformers' (stacks/*.toml
     [spec_as_built.<model>], by [moe_models] model: torchtitan's llama4); itself where nothing changes."""
-    facts = setup.stack_facts.facts
-    model = facts.get("moe_models", {}).get("model", {}).get(spec.family)
-    changes = dict(facts.get("spec_as_built", {}).get(model, {}))
+    model = setup.stack_facts.moe_model(spec.family)
+    changes = dict(setup.stack_facts.facts.get("spec_as_built", {}).get(model, {}))
     moe = changes.pop("moe", None)
     if moe and spec.moe is not None and any(getattr(spec.moe, k) != v for k, v in moe.items()):
         changes["moe"] = replace(spec.moe, **moe)

@@ -157,6 +157,11 @@ class Stack:
         """{model name: {flavor: shape}} of the models the stack builds from a registry (empty: any model)."""
         return {k: v for k, v in self.facts.get("models", {}).items() if isinstance(v, dict)}
 
+    def moe_model(self, family: str) -> str | None:
+        """The stack's own MoE model that builds a family (by HF model_type: [moe_models] model, e.g. torchtitan's
+        deepseek_v3 for deepseek_v2), or None where it has none."""
+        return self.facts.get("moe_models", {}).get("model", {}).get(family)
+
     def optimizer_impl(self, optimizer: str) -> str:
         """The optimizer kernel this stack runs for `optimizer` by default: its fact when torch has a fused
         kernel for the optimizer, else torch's own default (the caller's device decides foreach/for-loop)."""

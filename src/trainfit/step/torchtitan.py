@@ -1,7 +1,7 @@
 """torchtitan's own training step (`--stack torchtitan`), shared by the measure and trace engines.
 
-Runs torchtitan's code, not a re-implementation: its Llama3 `Transformer` (its qwen3 and deepseek_v3 MoE models in
-one process for the measure engine: step/torchtitan_moe.py), its activation checkpointing
+Runs torchtitan's code, not a re-implementation: its Llama3 `Transformer` (its qwen3, deepseek_v3 and llama4 MoE models
+in one process for the measure engine: step/torchtitan_moe.py), its activation checkpointing
 (`apply_ac` with its `_op_sac_save_list`), its `apply_fsdp` / `apply_ddp`, its `maybe_enable_amp`, its loss and
 its gradient clipping. Paths below are inside the torchtitan 0.2.2 wheel (stacks/torchtitan.toml pins it).
 
@@ -76,7 +76,7 @@ def check(spec: "ModelSpec", setup: "Setup") -> None:
     from ..analytic.layout import check_stack_model
 
     check_stack_model(spec, setup)  # the models torchtitan builds: the same refusal for every engine
-    if spec.is_moe:  # torchtitan's qwen3 / deepseek_v3 MoE models, one process (step/torchtitan_moe.py)
+    if spec.is_moe:  # torchtitan's qwen3 / deepseek_v3 / llama4 MoE models, one process (step/torchtitan_moe.py)
         torchtitan_moe.check(spec, setup)
     # (precisions and optimizers torchtitan lacks never reach here: Setup refuses them from stacks/torchtitan.toml)
     if setup.attention == "eager":
@@ -225,8 +225,8 @@ def build(spec: "ModelSpec", setup: "Setup", device="cpu", mesh=None, fake: bool
     fake=True (the trace engine, under FakeTensorMode): the model is created on `device` directly and torchtitan's
     init_weights (values only) is skipped -- FakeTensorMode cannot swap meta parameters for fake ones in to_empty,
     and trunc_normal_ reads a tensor value; the parameters, buffers and wrappers are the same."""
-    if fake and trace_refusal(spec, setup):
-        raise EngineUnavailableError(trace_refusal(spec, setup))
+    if fake and (why := trace_refusal(spec, setup)):
+        raise EngineUnavailableError(why)
     if spec.is_moe:
         model_class, args = torchtitan_moe.model_and_args(spec, setup)
         save_list = torchtitan_moe.op_sac_save_list(spec, setup)

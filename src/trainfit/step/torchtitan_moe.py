@@ -11,8 +11,8 @@ tensors they make unchanged:
     (fill_indices_wrapper); torchtitan's own CPU reference, fill_indices_cpu (:106-140), fills the same int32
     tensor.
 The experts run torchtitan's grouped-GEMM path (MoEArgs.use_grouped_mm, moe.py:113-130, torch._grouped_mm), which
-SM90+ GPUs run; deepseek_v3's update_from_config turns it off below SM90 (model/args.py:95-99), which this step does
-not call.
+SM90+ GPUs run; deepseek_v3's and llama4's update_from_config turn it off below SM90 (deepseek_v3 model/args.py:95-99,
+llama4 model/args.py:73-77), which this step does not call.
 """
 from __future__ import annotations
 
@@ -28,17 +28,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..spec import ModelSpec
 
 
-def torchtitan_model(spec: "ModelSpec", setup: "Setup") -> str:
-    """The torchtitan model that builds `spec`'s family (stacks/torchtitan.toml [moe_models] model)."""
-    return setup.stack_facts.fact("moe_models", "model")[spec.family]
-
-
 def check(spec: "ModelSpec", setup: "Setup") -> None:
     """What the one-process MoE step does not run, in one line."""
     if setup.ep > 1 or setup.dp > 1:
         raise EngineUnavailableError(f"--stack torchtitan: the measure engine runs {spec.name}'s MoE model in one "
                                      "process, without data or expert parallelism; use --engine analytic")
-    model, dense = torchtitan_model(spec, setup), (spec.moe.sparse_layers or spec.layers) != spec.layers
+    model, dense = setup.stack_facts.moe_model(spec.family), (spec.moe.sparse_layers or spec.layers) != spec.layers
     if model == "qwen3" and dense:
         raise EngineUnavailableError(f"--stack torchtitan: torchtitan's qwen3 makes every layer MoE "
                                      f"(models/qwen3/model/model.py:366-372); {spec.name} has dense layers")
@@ -85,7 +80,7 @@ def model_and_args(spec: "ModelSpec", setup: "Setup"):
 
     theta, _, rope = rope_parameters(spec.config)
     eps = float(spec.config.get("rms_norm_eps", 1e-6))
-    model = torchtitan_model(spec, setup)
+    model = setup.stack_facts.moe_model(spec.family)
     if model == "qwen3":
         from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
         from torchtitan.models.qwen3.model.model import Qwen3Model
@@ -130,7 +125,7 @@ def model_and_args(spec: "ModelSpec", setup: "Setup"):
 def op_sac_save_list(spec: "ModelSpec", setup: "Setup") -> set:
     """The model's own per-op SAC save list (models/qwen3/infra/parallelize.py:39, deepseek_v3's :33, llama4's
     :51)."""
-    model = torchtitan_model(spec, setup)
+    model = setup.stack_facts.moe_model(spec.family)
     if model == "qwen3":
         from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
     elif model == "llama4":

@@ -24,15 +24,13 @@ from dataclasses import replace
 
 from ...spec import ModelSpec
 from ..activations import FP32, INDEX
+from ..torchtitan_moe import BF16, INT32, pad_rows
 from .activation import activation
 from .cast import autocast_inputs
 from .moe import expert_dims, shared_expert_ops
 from .op import Op, Shape, gemm, memory
 
 SRC = "torchtitan 0.2.2 models/moe/"
-BF16 = 2
-INT32 = 4
-ALIGN = 8  # TOKEN_GROUP_ALIGN_SIZE_M (models/moe/utils.py:12)
 
 
 def torchtitan_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
@@ -41,8 +39,7 @@ def torchtitan_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     m, scored = spec.moe, sh.moe_scored
     h, a, T, e, k, i, local, per_expert, rows = expert_dims(spec, sh)
     r = sh.residual
-    # the padded rows the grouped GEMMs run on: round_up(rows + 8·local, 8) (utils.py:41-45)
-    padded = -(-(rows + ALIGN * local) // ALIGN) * ALIGN
+    padded = pad_rows(rows, local)  # the padded rows the grouped GEMMs run on
     ops = autocast_inputs("router_in", T, h, 1, sh, "attn_out")
     ops.append(gemm("router", T, e, h, sh, SRC + "moe.py:325 gate"))
     ops += [memory("router_scores", T * e * a, T * e * FP32, SRC + "moe.py:328-333 scores.to(fp32), softmax/sigmoid",

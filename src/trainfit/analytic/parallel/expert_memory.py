@@ -59,7 +59,7 @@ def _routed_rows(spec: ModelSpec, setup: Setup, tokens: float) -> float:
 
 def sac_saved_all_to_all(spec: ModelSpec, setup: Setup, tokens: float, act_bytes: float) -> float:
     """Bytes one MoE layer stores to its backward under torchtitan's per-op SAC when the model's save list holds
-    all_to_all_single (stacks/torchtitan.toml [expert_dispatch] op_sac_saves: deepseek_v3's): _custom_policy
+    all_to_all_single (stacks/torchtitan.toml [expert_dispatch] op_sac_saves: deepseek_v3's, llama4's): _custom_policy
     MUST_SAVEs the dispatch's output (the rows the rank's experts receive) and the combine's (the rows sent back), two
     tokens·top_k × hidden tensors in the routed tokens' dtype, beside the block's other stored outputs.
     NB: balanced routing (the busiest rank receives more: under-counts there). Under --moe-dispatcher deepep the
@@ -69,7 +69,7 @@ def sac_saved_all_to_all(spec: ModelSpec, setup: Setup, tokens: float, act_bytes
     if setup.ep <= 1 or spec.moe is None or setup.recompute != "op":
         return 0.0
     facts = setup.stack_facts.facts
-    model = facts.get("moe_models", {}).get("model", {}).get(spec.family)
+    model = setup.stack_facts.moe_model(spec.family)
     if model not in facts.get("expert_dispatch", {}).get("op_sac_saves", ()):
         return 0.0
     return 2 * _routed_rows(spec, setup, tokens) * spec.hidden * act_bytes

@@ -28,7 +28,7 @@ class TorchtitanModel(StackModel):
             if lp != "none":
                 raise SetupError(f"--low-precision {lp} on torchtitan's MoE model {spec.name}: its experts' grouped "
                                  "GEMMs (quantize.grouped_mm) are not modelled; drop --low-precision")
-            model = setup.stack_facts.fact("moe_models", "model")[spec.family]
+            model = setup.stack_facts.moe_model(spec.family)
             deepep = setup.stack_facts.fact("expert_dispatch", "deepep")["models"]
             if setup.moe_dispatcher == "deepep" and model not in deepep:
                 # (stacks/torchtitan.toml [expert_dispatch.deepep]: only deepseek_v3's MoE class reads the backend)
