@@ -178,7 +178,7 @@ def test_routing_settings_are_refused_where_they_do_not_apply():
     with pytest.raises(SetupError, match="runs no expert parallelism"):
         Setup(stack="hf", moe_imbalance=1.2)
     with pytest.raises(SetupError, match="no such router option"):
-        Setup(stack="torchtitan", moe_force_balance=True)
+        Setup(stack="hf", moe_force_balance=True)
     with pytest.raises(SetupError, match="no such router option"):
         Setup(stack="hf", moe_capacity_factor=1.25)
     with pytest.raises(SetupError, match="give one of them"):
@@ -194,6 +194,8 @@ def test_routing_settings_are_refused_where_they_do_not_apply():
     (("--stack", "megatron", "--zero", "1"), ("--moe-imbalance", "1.5")),
     (("--stack", "megatron", "--zero", "1"), ("--moe-capacity-factor", "0.5")),
     (("--stack", "torchtitan", "--zero", "3"), ("--moe-imbalance", "1.5")),  # (torchtitan has no capacity factor)
+    # torchtitan's forced balance is round-robin routing, no kernel of its own (Megatron's adds its noise: kept)
+    (("--stack", "torchtitan", "--zero", "3"), ("--moe-force-balance",)),
 ])
 def test_a_load_setting_at_ep_1_is_refused_not_ignored(cli, stack, flags):
     """At --ep 1 no rank is busier (busiest_rank_load is 1 whatever they say): --moe-imbalance and

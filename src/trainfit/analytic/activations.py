@@ -93,6 +93,25 @@ def _composite_inner_norm(setup: Setup, amp: bool, a: int) -> bool:
     return norm_kernel(setup) == "torch-rms-norm" and (setup.device != "cuda" or (amp and a != FP32))
 
 
+def cos_sin_bytes(spec: ModelSpec, setup: Setup, a: int) -> float:
+    """torchtitan's qwen3 at 16-bit compute: cos and sin sliced from its fp32 rope_cache and cast to q's dtype in
+    every layer (models/qwen3/model/model.py:124-125), each saved by its multiply (:129-130); 0 elsewhere."""
+    if a == FP32 or not torchtitan_moe.model_fact(spec, setup, "rotary_cos_sin"):
+        return 0.0
+    return 2 * setup.seq / setup.cp * spec.head_dim * a
+
+
+def checkpointed_arg_casts(spec: ModelSpec, setup: Setup, a: int) -> float:
+    """Per block, the copies of its forward arguments that full recomputation keeps as its inputs: torchtitan's
+    FSDP2 casts a block's floating-point arguments to param_dtype (MixedPrecisionPolicy cast_forward_inputs, torch
+    2.13 fsdp/_fully_shard/_fsdp_state.py _pre_forward), so qwen3's fp32 rope_cache becomes a 16-bit copy per block,
+    whose slices are the layer's cos and sin (the `.to` a no-op): the re-run makes no copy of them again (seen in a
+    real 2-rank step on CPU)."""
+    from .parallel.fsdp2 import torchtitan_fsdp  # noqa: PLC0415 (parallel imports this module's peers)
+
+    return cos_sin_bytes(spec, setup, a) if torchtitan_fsdp(setup) else 0.0
+
+
 def one_plus_weight_bytes(spec: ModelSpec, st) -> int:
     """Per norm call, not batch-scaled: NemotronLayerNorm1P passes `self.weight + 1.0` to F.layer_norm
     (modeling_nemotron.py:74-80), a new (hidden,) tensor in the weights' dtype that layer_norm saves for backward;
@@ -246,12 +265,9 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
         t["dropout"] = 2 * h * mask
     # copies outside autocast's cache: torchtitan's MoE block's (torchtitan_moe.uncached_fixed) and qwen3's rotary
     uncached = torchtitan_moe.uncached_fixed(spec, setup) if moe and torchtitan_moe.block_on(setup) else 0.0
-    if a != FP32 and torchtitan_moe.model_fact(spec, setup, "rotary_cos_sin"):
-        # torchtitan's qwen3: cos and sin sliced from its fp32 rope_cache and cast to q's dtype in every layer
-        # (models/qwen3/model/model.py:124-125), each saved by its multiply (:129-130)
-        cos_sin = 2 * setup.seq / setup.cp * spec.head_dim * a
-        fixed += cos_sin
-        uncached += cos_sin
+    cos_sin = cos_sin_bytes(spec, setup, a)
+    fixed += cos_sin
+    uncached += cos_sin
     fixed += spec.norms_per_layer * one_plus_weight_bytes(spec, st)
     if amp:
         # autocast's cached low-precision weight copies, saved for the input gradient (not batch-scaled); MoE

@@ -28,7 +28,8 @@ from .parallel import deepspeed as ds_zero
 from .parallel import fsdp1, fsdp_offload
 from .parallel.pipeline import Stage, stages
 from . import quant, torchao_optim, vlm
-from .parallel.fsdp2 import fsdp2_buffers, fsdp2_model_states, groups, layer_unsharded_grad_bytes, torchtitan_fsdp
+from .parallel.fsdp2 import (expert_group_params, fsdp2_buffers, fsdp2_model_states, groups, layer_unsharded_grad_bytes,
+                             torchtitan_fsdp)
 from .parallel.tensor import rank_params, term_divisors
 from .parallel.zero import (gathered_params, model_states, params_at_rest, reduce_scatter_transient, shard,
                             unsharded_at, unsharded_bytes)
@@ -252,6 +253,9 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     # parallel/zero.py unsharded_bytes, unsharded_at)
     hf_fsdp = not fsdp2 and ds is None and unsharded_bytes(setup, st)
     gb_layer = layer_unsharded_grad_bytes(st) if (fsdp2 or hf_fsdp) else gb
+    # torchtitan's routed experts under EP are their own FSDP group over efsdp, not dp (parallel/fsdp2.py groups)
+    expert_sharding = (expert_group_params(spec, pc, setup) * (st.grad / setup.expert_dp - gb)
+                       if fsdp2 and gb else 0.0)
     # hf under FSDP: the head's (and a tied embedding's) gradients are the root group's, unsharded
     # in that dtype until the root's post-backward, after the embedding's backward (parallel/zero.py unsharded_at)
     gb_root = hf_fsdp if hf_fsdp else gb
@@ -326,7 +330,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         # gradient_buffer_resident)
         accumulating=setup.grad_accum > 1 or (ds is not None and ds_zero.gradient_buffer_resident(setup)),
         head_gradients=head_params * gb_root,
-        layer_gradients=(lp_trainable if setup.lora_rank else lp) * gb,
+        layer_gradients=(lp_trainable if setup.lora_rank else lp) * gb + expert_sharding,
         layers=stage.layers,
         in_flight=stage.in_flight,
         # where the layers' kinds are not placed (a pipeline stage), Mllama's cross-attention layers' saved tensors
@@ -362,7 +366,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         norm_backward=head.norm_backward if stage.head else 0,
         head_matmul=head.matmul_backward if stage.head else 0,
         head_matmul_freed=head.loss_grad if stage.head and head.matmul_backward else 0,
-        gathered_at=fsdp2_buffers(groups(pc, setup, stage, lp), st, setup) if fsdp2 else
+        gathered_at=fsdp2_buffers(groups(spec, pc, setup, stage, lp), st, setup) if fsdp2 else
         (ds.backward_moments(gathered) if ds else unsharded_at(pc_gathered, setup, st, stage,
                                                                lp_trainable if setup.lora_rank else None)),
         kinds=kinds if pattern else (),

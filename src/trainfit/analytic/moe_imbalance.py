@@ -5,9 +5,11 @@ routed activations: its expert GEMMs run on X times the balanced T·top_k/ep cop
 intermediates and permuted outputs are X times larger (ops/moe.py, megatron_activations.layer_terms). Where it comes
 from (busiest_rank_load):
   --moe-imbalance X   the user's value (e.g. profiled from the run's own tokens-per-expert counts);
-  --moe-force-balance Megatron's --moe-router-force-load-balancing: the router's logits replaced by N(0, 1) noise
-                      (megatron-core 0.16.1 megatron/core/transformer/moe/router.py:655-657, moe_utils.py:1110-1131
-                      RandomSTE), so each token's top-k is a uniform draw: the imbalance is the sampling floor below;
+  --moe-force-balance the stack's forced balance ([moe] force_balance): Megatron's --moe-router-force-load-balancing
+                      replaces the router's logits by N(0, 1) noise (megatron-core 0.16.1 megatron/core/transformer/
+                      moe/router.py:655-657, moe_utils.py:1110-1131 RandomSTE), so each token's top-k is a uniform
+                      draw: the imbalance is the sampling floor below; torchtitan's _debug_force_load_balance assigns
+                      the copies round-robin (round_robin_load);
   otherwise           dropless learned routing: DROPLESS (fitted on C8), or the sampling floor where that is larger;
   --moe-capacity-factor cf  Megatron's --moe-expert-capacity-factor caps it: a source rank sends each expert at most
                       ceil(T·top_k / E · cf) copies (moe_utils.py:193-211 get_capacity, :800-850
@@ -83,13 +85,30 @@ def busiest_rank_load(spec, setup, tokens: float) -> float:
     floor = sampling_floor(tokens * ep, m.top_k, m.num_experts, ep)
     given = getattr(setup, "moe_imbalance", None)
     if getattr(setup, "moe_force_balance", False):
-        load = floor
+        load = round_robin_load(tokens, m.top_k, m.num_experts, ep) if _forced_by(setup) == "round-robin" else floor
     elif given is not None:
         load = float(given)
     else:
         load = max(DROPLESS, floor)
     cap = getattr(setup, "moe_capacity_factor", None)
     return min(load, cap) if cap is not None else load
+
+
+def _forced_by(setup) -> str | None:
+    facts = getattr(setup, "stack_facts", None)
+    return facts.facts.get("moe", {}).get("force_balance") if facts is not None else None
+
+
+def round_robin_load(tokens: float, top_k: int, experts: int, ep: int) -> float:
+    """The busiest rank's copies over the mean under torchtitan's forced balance (0.2.2 models/moe/moe.py:234-249:
+    each rank's n = tokens·top_k copies go to experts arange(n) % E): expert e receives n // E copies from each rank,
+    one more where e < n mod E, so rank 0 (experts 0 … E/ep − 1) is the busiest, with ep·(L·(n // E) + min(n mod E,
+    L)) copies for L = E/ep, over the mean n."""
+    n = int(tokens * top_k)
+    if n <= 0:
+        return 1.0
+    local = experts // ep
+    return ep * (local * (n // experts) + min(n % experts, local)) / n
 
 
 def least_load(setup) -> float:

@@ -49,6 +49,15 @@ def fsdp_policy_on(setup: Setup) -> bool:
             and bool(PRECISIONS[setup.precision].autocast))
 
 
+def _policy_always(setup: Setup) -> bool:
+    """Whether FSDP is on and the stack passes its MixedPrecisionPolicy whatever the precision (mechanism fsdp2:
+    torchtitan's apply_fsdp, models/llama3/infra/parallelize.py:313, with mixed_precision_reduce under training.dtype
+    bfloat16 too)."""
+    mp = setup.stack_facts.facts.get("mixed_precision", {})
+    return (mp.get("value") == "fsdp2" and _zero().shard_ranks(setup) > 1 and setup.zero >= 2
+            and setup.mode == "train")
+
+
 def fsdp2_mixed_precision(setup: Setup) -> bool:
     """Whether the step gathers FSDP's parameters in a low-precision param_dtype (fsdp_policy_on, and the policy's
     param_dtype is not "none" or the shards' fp32: --fsdp-param-dtype none/fp32 gathers fp32 and leaves the casts to
@@ -124,6 +133,12 @@ def _state_bytes(setup: Setup) -> StateBytes:
         # reduce_dtype "none" reduces in the unsharded gradients' dtype: param_dtype's, or the fp32 shards' without one
         rd = policy_dtype(setup, "reduce_dtype")
         reduce = param if rd == "none" else DTYPE_BYTES[rd]
+    elif _policy_always(setup):
+        # over 16-bit weights the policy's param_dtype is theirs (no cast) but its reduce_dtype still applies: torch
+        # 2.13 fsdp/_fully_shard/_fsdp_param.py init_dtype_attrs keeps a reduce_dtype that differs from the
+        # parameters', so the reduce-scatter input is fp32 (seen in a real 2-rank torchtitan step at --precision bf16)
+        rd = policy_dtype(setup, "reduce_dtype")
+        reduce = 0.0 if rd in ("none", "compute") else DTYPE_BYTES[rd]
     if kbit_prep.fp32_stream(setup):  # --kbit-prep: an fp32 embedding or norm weight makes the stream fp32
         residual = 4
     weight = DTYPE_BYTES[pol.weight]

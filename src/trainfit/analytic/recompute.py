@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import lora, nvfp4, siglip, torchtitan_moe
-from .activations import FP32, LayerActivations, layer_activations, norm_kernel, resolved_kernel
+from .activations import FP32, LayerActivations, checkpointed_arg_casts, layer_activations, norm_kernel, resolved_kernel
 from .families import family_traits
 from .gated_deltanet import linear_layers
 from .backward import Moment, layer_moments
@@ -101,6 +101,9 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         layer_input = st.residual * spec.hidden * tokens / (t if setup.sequence_parallel else 1)
         recomputed = rerun - (layer_input if _saves_its_input(spec, setup, st) else 0) + \
             (CPU_RNG_STATE if setup.device == "cpu" else 0)
+        held_args = checkpointed_arg_casts(spec, setup, st.act)  # kept with the input, not made again by the re-run
+        saved += held_args
+        recomputed -= held_args
         if st.autocast and caches_weight_casts(setup):
             # autocast's cache keeps every weight's cast until the autocast region exits, checkpointed or not —
             # of trainable leaves only (aten/src/ATen/autocast_mode.cpp cached_cast: arg.requires_grad() &&

@@ -18,9 +18,10 @@ models/moe/moe.py), which its deepseek_v3, qwen3 and llama4 models build, on the
     shared      FeedForward (:45-68: w2(silu(w1 x) * w3 x)) on the block input
 Checked byte for byte against the storages autograd saves in torchtitan's own module, and the step's peak against
 its real step on CPU (tests/stacks/test_torchtitan_moe.py, bench/targets/torchtitan_moe_cpu.py).
-NB: under expert parallelism ExpertParallel's all-to-all and its own _permute (distributed/expert_parallel.py) take
+Under expert parallelism ExpertParallel's all-to-all and its own _permute (distributed/expert_parallel.py) take
 indices_padding_wrapper's place: counted as above over the busiest rank's received rows (its dispatch buffers:
-parallel/expert_memory.py); not checked against a run (EP does not step in one CPU process).
+parallel/expert_memory.py; the re-run's high points: moments), checked against every rank of a real 2-rank EP step
+(bench torchtitan_moe_cpu).
 Its kernels, for the step's time: ops/torchtitan_moe.py.
 """
 from __future__ import annotations
@@ -143,13 +144,23 @@ def moments(spec: ModelSpec, setup: Setup, st, tokens: float, pending: float, re
         locals: the routed input, the unpadded and the unsorted outputs (T·k rows each), the scores, the weighted
         sum in x's dtype, the shared experts' output and the sum (or the bmm's output before its cast), on a CPU
         the add's fp32 copy of a 16-bit shared output.
+    Under expert parallelism ExpertParallel's dispatch and combine (distributed/expert_parallel.py:102-181) wrap the
+    experts: the rank's own T·k routed copies (`sent`) go out by all-to-all, the copies its experts receive
+    (`received`, the busiest rank's load) are padded by the same _permute, and the combine's _unpermute is followed
+    by the all-to-all back, whose output (`sent` rows, new_empty in all_to_all_single_autograd) is the re-run's high
+    point (a) in place of index_put's int64 copy (freed by then), and is the routed output at (c) (in place of the
+    unpadded one, which the collective holds until the unsort waits on its output: with shared experts, run between,
+    a high point (d) of its own); read off a real 2-rank EP step on CPU (torchrun, gloo). The shared experts run after
+    the routed ones (moe.py:525-528), so at (a) their saved set is not made again yet.
     `mid`: the block's mid residual where no op saves it (held by the block's frame through the MoE)."""
     from .backward import Moment  # noqa: PLC0415 (backward imports this module's peers)
 
     m = spec.moe
     a, r, h, k = st.act, st.residual, spec.hidden, m.top_k
-    routed = k * tokens * busiest_rank_load(spec, setup, tokens)
-    rows = padded_rows(spec, setup, routed)
+    ep = getattr(setup, "ep", 1) > 1
+    sent = k * tokens
+    received = sent * busiest_rank_load(spec, setup, tokens)
+    rows = padded_rows(spec, setup, received)
     w = a if autocast(setup, a) else FP32
     scored = model_fact(spec, setup, "score_before_experts")
     # the layer output's gradient cast to the bmm's dtype (`.to(x.dtype)`, moe.py:474; the scored block sums in x's)
@@ -161,13 +172,23 @@ def moments(spec: ModelSpec, setup: Setup, st, tokens: float, pending: float, re
     block_in = r * h * tokens if r != a and autocast(setup, a) else 0  # the gate saves its cast
     # the routed input (or, scored, its scaled copy: the gather itself is saved by the multiply) and the scores
     # no op saved (scored: the scaled top-k; else those and their sorted copy)
-    routed_in = routed * h * r + (1 if scored else 2) * FP32 * routed
-    unpermute = rows * h * r + (routed + 1) * h * r + INDEX * rows
-    out.append(Moment(recomputed - combine + pending + grad_cast + mid + unpermute + rows * h * r + routed_in
-                      + block_in, 0.0))
+    routed_in = sent * h * r + (1 if scored else 2) * FP32 * sent
+    unpermute = rows * h * r + (received + 1) * h * r + (sent * h * r if ep else INDEX * rows)
+    # the shared experts run after the routed ones (moe.py:525-528): their saved set is not made again yet
+    s = m.shared_intermediate
+    shared = (4 * a * s + (2 * a * h if st.autocast else 0)) * tokens if s else 0.0
+    out.append(Moment(recomputed - combine - shared + pending + grad_cast + mid + unpermute + rows * h * r
+                      + routed_in + block_in, 0.0))
+    if ep and s:
+        # (d) at the unsort's zeros (moe.py:531-535), after the shared experts: the all-to-all's input (the unpadded
+        # buffer) is still held by the collective until the unsort's index_put waits on its output, beside that
+        # output, the shared experts' output (no op saves it) and the zeros
+        out.append(Moment(recomputed - combine + pending + grad_cast + mid + block_in + routed_in
+                          + (received + 1 + 2 * sent) * h * r + a * h * tokens, 0.0))
     # (the unsorted output is the bmm's saved operand itself where `.float()` is a no-op, moe.py:472)
-    unsorted = 0 if (w == r == FP32 and not scored) else routed * h * r
-    frame = block_in + routed_in + (routed + 1) * h * r + unsorted + r * h * tokens
+    unsorted = 0 if (w == r == FP32 and not scored) else sent * h * r
+    routed_out = sent if ep else received + 1  # the all-to-all's output, or the unpadded buffer
+    frame = block_in + routed_in + routed_out * h * r + unsorted + r * h * tokens
     frame += (a + r) * h * tokens if m.shared_intermediate else (w * h * tokens if w != r and not scored else 0)
     if m.shared_intermediate and a != r and setup.device == "cpu":
         # a CPU add of the 16-bit shared output to the fp32 sum first copies it to fp32 (TensorIterator's

@@ -35,6 +35,8 @@ from .cpu_peak import PHASE_PREFIX, CpuPeak, _walk, profile_run, walk_phases
 WORK_KIND = {"c10d::_reduce_scatter_base_": "all_reduce", "c10d::allreduce_": "all_reduce",
              "c10d::_allgather_base_": "all_gather", "c10d::allgather_": "all_gather",
              "c10d::broadcast_": "broadcast", "c10d::barrier": "barrier",
+             # torchtitan's expert-parallel dispatch and combine (functional all_to_all_single)
+             "c10d::alltoall_base_": "all_to_all",
              # the coalesced forms Megatron-Core's DDP and distributed optimizer call (param_and_grad_buffer.py
              # reduce_scatter_tensor / all_gather_into_tensor under _coalescing_manager): one work each on gloo
              "c10d::reduce_scatter_tensor_coalesced_": "all_reduce",

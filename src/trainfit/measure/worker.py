@@ -143,9 +143,10 @@ def run_rank(job: dict, setup, rank: int, world: int, local_rank: int, progress)
             run_step(state["wrapped"], state["optimizer"], state["batches"], setup, phase)
 
         # a stack whose engine keeps every buffer as a Python-held tensor (no C++-held buckets, as DDP's Reducer)
-        # says so (trainfit.step.deepspeed PYTHON_HELD): a block no live tensor holds at the end was freed without a
-        # report, by a gloo worker thread dropping the collective's last reference (dist_peak.analyse_blocks alive)
-        alive = live_storage_ptrs if getattr(kit, "PYTHON_HELD", False) else None
+        # says so (its python_held(setup): trainfit.step.deepspeed, .torchtitan): a block no live tensor holds at the
+        # end was freed without a report, by a gloo worker thread dropping the collective's last reference
+        # (dist_peak.analyse_blocks alive)
+        alive = live_storage_ptrs if getattr(kit, "python_held", lambda s: False)(setup) else None
         pk, _ = profiled(run, on_phase, alive)
         step_peaks = {k: v for k, v in pk.phase_peaks.items() if k != START}
         read_baseline = pk.live_at("forward", 0)

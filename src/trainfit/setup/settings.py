@@ -213,9 +213,9 @@ class Setup:
                                              "at least the sampling floor of the uniform draw; that floor with "
                                              "--moe-force-balance; at most --moe-capacity-factor",
                                              example="1.3", modes=("train",), group="parallel")
-    moe_force_balance: bool = setting(False, "Megatron's --moe-router-force-load-balancing (benchmark runs): the "
-                                      "router's logits replaced by random noise, so each token's experts are a "
-                                      "uniform draw and the busiest rank's excess is sampling noise only.",
+    moe_force_balance: bool = setting(False, "The router's forced balance (benchmark runs): Megatron's "
+                                      "--moe-router-force-load-balancing (random logits: the busiest rank's excess "
+                                      "is sampling noise only), torchtitan's _debug_force_load_balance (round-robin).",
                                       modes=("train",), group="parallel")
     moe_capacity_factor: Optional[float] = setting(None, "Megatron's --moe-expert-capacity-factor: each expert "
                                                    "takes at most this factor times its balanced share of a rank's "

@@ -31,7 +31,10 @@ READ_BASELINE = True  # the worker reads the session's live bytes (module docstr
 # collective's input after the caller: the flat bucket an all-reduce runs on (engine.py:3796 and
 # zero/stage_1_and_2.py:2367, allreduce_bucket), whose free the profiler then never sees (trainfit.measure.worker,
 # dist_peak.analyse_blocks alive)
-PYTHON_HELD = True
+def python_held(setup) -> bool:
+    return True
+
+
 PRECISIONS = ("bf16-master", "fp16-master", "fp32")
 
 
@@ -146,5 +149,5 @@ def prepare(spec, setup, device="cpu"):
                                  "not in one process")
 
 
-__all__ = ["NOTE", "DDP_TAKES_MESH", "STRATEGIES", "READ_BASELINE", "PYTHON_HELD", "check", "check_ranks", "ds_config", "build", "wrap", "make_batches", "run_step",
+__all__ = ["NOTE", "DDP_TAKES_MESH", "STRATEGIES", "READ_BASELINE", "python_held", "check", "check_ranks", "ds_config", "build", "wrap", "make_batches", "run_step",
            "resident_tensors", "prepare"]

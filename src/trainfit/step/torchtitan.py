@@ -1,9 +1,9 @@
 """torchtitan's own training step (`--stack torchtitan`), shared by the measure and trace engines.
 
-Runs torchtitan's code, not a re-implementation: its Llama3 `Transformer` (its qwen3, deepseek_v3 and llama4 MoE models
-in one process for the measure engine: step/torchtitan_moe.py), its activation checkpointing
-(`apply_ac` with its `_op_sac_save_list`), its `apply_fsdp` / `apply_ddp`, its `maybe_enable_amp`, its loss and
-its gradient clipping. Paths below are inside the torchtitan 0.2.2 wheel (stacks/torchtitan.toml pins it).
+Runs torchtitan's code, not a re-implementation: its Llama3 `Transformer` (its qwen3, deepseek_v3 and llama4 MoE models,
+with their own parallelize order and expert parallelism, for the measure engine: step/torchtitan_moe.py), its
+activation checkpointing (`apply_ac` with its `_op_sac_save_list`), its `apply_fsdp` / `apply_ddp`, its
+`maybe_enable_amp`, its loss and its gradient clipping. Paths below are inside the torchtitan 0.2.2 wheel (stacks/torchtitan.toml pins it).
 
     build   train.py:147-151   Transformer(args) on the meta device under set_default_dtype(training.dtype)
             train.py:154-155   --low-precision: torchao's Float8Linear swapped in (step/torchtitan_lowp.py)
@@ -144,11 +144,12 @@ def model_args(spec: "ModelSpec", setup: "Setup"):
 
 
 def parallel_dims(setup: "Setup"):
-    """torchtitan's ParallelDims for `setup` (no meshes built): zero 0 = dp_replicate (DDP), zero 2/3 = dp_shard."""
+    """torchtitan's ParallelDims for `setup` (no meshes built): zero 0 = dp_replicate (DDP), zero 2/3 = dp_shard;
+    expert parallelism over dp_shard's ranks (etp 1)."""
     from torchtitan.distributed import ParallelDims
 
     shard = setup.dp if setup.zero >= 2 else 1
-    return ParallelDims(dp_replicate=setup.dp // shard, dp_shard=shard, cp=1, tp=1, pp=1, ep=1, etp=1,
+    return ParallelDims(dp_replicate=setup.dp // shard, dp_shard=shard, cp=1, tp=1, pp=1, ep=setup.ep, etp=1,
                         world_size=setup.dp)
 
 
@@ -195,7 +196,17 @@ def apply_data_parallel(model: torch.nn.Module, setup: "Setup", mesh) -> None:
         raise EngineUnavailableError(f"--zero {setup.zero} is not run by --stack torchtitan (0: DDP, 2, 3: FSDP2)")
     apply_fsdp(model, mesh, param_dtype=TORCH_DTYPE_MAP[PRECISIONS[setup.precision]],
                reduce_dtype=torch.float32, pp_enabled=False, cpu_offload=False,
-               reshard_after_forward_policy="default" if setup.zero == 3 else "never")
+               reshard_after_forward_policy=reshard_policy(setup))
+    sum_on_gloo(model, setup)
+
+
+def reshard_policy(setup: "Setup") -> str:
+    """apply_fsdp's reshard_after_forward_policy: zero 3 "default" (no PP: reshard after forward), zero 2 "never"."""
+    return "default" if setup.zero == 3 else "never"
+
+
+def sum_on_gloo(model: torch.nn.Module, setup: "Setup") -> None:
+    """FSDP2's gradient reduction as gloo runs it (below)."""
     if setup.device == "cpu":
         # apply_fsdp sets the gradient divide factor to 1.0 (parallelize.py:359-360), which FSDP2 reduces with
         # ReduceOp.PREMUL_SUM(1.0) (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py,
@@ -206,6 +217,13 @@ def apply_data_parallel(model: torch.nn.Module, setup: "Setup", mesh) -> None:
         for m in model.modules():
             if isinstance(m, FSDPModule):
                 m.set_force_sum_reduction_for_comms(True)
+
+
+def python_held(setup: "Setup") -> bool:
+    """Whether every buffer the step keeps is a tensor Python holds (measure/worker.py): FSDP2's are; DDP's Reducer
+    keeps its buckets in C++. gloo's worker threads drop the last reference to an expert-parallel all-to-all's input
+    after the caller (distributed/expert_parallel.py:138-143, :175-180), a free the profiler never sees."""
+    return setup.zero >= 2
 
 
 def trace_refusal(spec: "ModelSpec", setup: "Setup") -> str | None:
@@ -240,18 +258,24 @@ def build(spec: "ModelSpec", setup: "Setup", device="cpu", mesh=None, fake: bool
     with torch.device(device if fake else "meta"), set_default_dtype(param_dtype(setup)):  # train.py:147-151
         model = model_class(args)
     torchtitan_lowp.convert(model, setup, spec.layers)  # train.py:153-155: the model converters, before parallelize
-    apply_recompute(model, setup, save_list)
-    if setup.dp > 1:
-        if mesh is None:
-            import torch.distributed as dist
-            from torch.distributed.device_mesh import init_device_mesh
+    if setup.dp > 1 and mesh is None:
+        import torch.distributed as dist
 
-            if not dist.is_initialized():
-                raise EngineUnavailableError(f"--stack torchtitan --dp {setup.dp}: one process runs one rank without its "
-                                             f"peers; measure with `trainfit measure --nproc {setup.dp}` (torchrun) or "
-                                             "use --engine trace (a fake process group)")
-            mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
-        apply_data_parallel(model, setup, mesh)
+        if not dist.is_initialized():
+            raise EngineUnavailableError(f"--stack torchtitan --dp {setup.dp}: one process runs one rank without its "
+                                         f"peers; measure with `trainfit measure --nproc {setup.dp}` (torchrun) or "
+                                         "use --engine trace (a fake process group)")
+    if spec.is_moe:  # its model's parallelize: experts, then recompute, then data parallelism (step/torchtitan_moe.py)
+        torchtitan_moe.parallelize(model, setup, torch.device(device).type, lambda: apply_recompute(model, setup,
+                                                                                                      save_list))
+    else:
+        apply_recompute(model, setup, save_list)
+        if setup.dp > 1:
+            if mesh is None:
+                from torch.distributed.device_mesh import init_device_mesh
+
+                mesh = init_device_mesh(torch.device(device).type, (torch.distributed.get_world_size(),))
+            apply_data_parallel(model, setup, mesh)
     if not fake:
         model.to_empty(device=device)  # train.py:256-259
         with torch.no_grad():
@@ -315,7 +339,7 @@ def run_step(model, optimizer, batches, setup: "Setup", phase: Callable[[str], N
         accumulated_losses.append(loss.detach())  # train.py:590
     phase("optimizer")
     dist_utils.clip_grad_norm_([p for p in model.parameters()], setup.grad_clip_norm, foreach=True, pp_mesh=None,
-                               ep_enabled=False)  # train.py:592-598
+                               ep_enabled=setup.ep > 1)  # train.py:592-598
     optimizer.step()  # train.py:600
     optimizer.zero_grad()  # train.py:550, the next step's first call (module docstring)
     phase("end")

@@ -1,5 +1,8 @@
 """torchtitan's MoE models (its qwen3, deepseek_v3 and llama4 Transformers, stacks/torchtitan.toml [moe_models])
-built from a trainfit ModelSpec, for the measure engine's real step in one process (no expert parallelism).
+built from a trainfit ModelSpec and parallelized as their parallelize functions do (models/qwen3/infra/
+parallelize.py:57-180, deepseek_v3's :49-205, llama4's: llama4's apply_moe_ep_tp, apply_ac, then llama4's apply_fsdp
+or llama3's apply_ddp), for the measure engine's real step: one process, or one rank of a torchrun job with data and
+expert parallelism (ExpertParallel's all-to-all dispatch and combine over gloo on CPU).
 
 Two of torchtitan 0.2.2's MoE kernels have no CPU implementation; on a CPU the step runs them as follows, the
 tensors they make unchanged:
@@ -29,10 +32,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def check(spec: "ModelSpec", setup: "Setup") -> None:
-    """What the one-process MoE step does not run, in one line."""
-    if setup.ep > 1 or setup.dp > 1:
-        raise EngineUnavailableError(f"--stack torchtitan: the measure engine runs {spec.name}'s MoE model in one "
-                                     "process, without data or expert parallelism; use --engine analytic")
+    """What the MoE step does not run, in one line."""
+    if setup.ep > 1 and setup.recompute == "op":
+        raise EngineUnavailableError(f"--ep {setup.ep} with --recompute op: "
+                                     f"{setup.stack_facts.fact('expert_parallel', 'op_sac_fails')}; measure "
+                                     "--recompute full or none, or use --engine analytic")
     model, dense = setup.stack_facts.moe_model(spec.family), (spec.moe.sparse_layers or spec.layers) != spec.layers
     if model == "qwen3" and dense:
         raise EngineUnavailableError(f"--stack torchtitan: torchtitan's qwen3 makes every layer MoE "
@@ -54,7 +58,9 @@ def _moe_args(spec: "ModelSpec", setup: "Setup"):
                    top_k=m.top_k, score_func="sigmoid" if m.router_scoring.startswith("sigmoid") else "softmax",
                    route_norm=m.norm_topk, route_scale=m.routed_scaling, num_expert_groups=m.route_groups or None,
                    num_limited_groups=m.route_group_topk or None,
-                   score_before_experts=model_fact(spec, setup, "score_before_experts"), use_grouped_mm=True)
+                   score_before_experts=model_fact(spec, setup, "score_before_experts"), use_grouped_mm=True,
+                   # --moe-force-balance: the router's round-robin debug routing (moe.py:40-41, :234-249, :335-340)
+                   _debug_force_load_balance=setup.moe_force_balance)
 
 
 def llama4_ffn_sizing(dim: int, dense: int, expert: int, per_token: int) -> tuple[int, float]:
@@ -120,6 +126,51 @@ def model_and_args(spec: "ModelSpec", setup: "Setup"):
         original_seq_len=int(rope.get("original_max_position_embeddings", 4096)))
     args.moe_impl = "standard"  # update_from_config sets it from expert_parallel_comm_backend (model/args.py:116)
     return DeepSeekV3Model, args
+
+
+def parallelize(model: torch.nn.Module, setup: "Setup", device_type: str, apply_recompute) -> None:
+    """The model's parallelize function for data and expert parallelism (qwen3/infra/parallelize.py:111-180; the
+    same order in deepseek_v3's and llama4's): apply_moe_ep_tp with ExpertParallel on the ep mesh (ep > 1), then
+    `apply_recompute` (apply_ac), then llama4's apply_fsdp over the fsdp mesh, the routed experts over the efsdp mesh
+    (zero 2/3, or any ep > 1), or llama3's apply_ddp over the dp_replicate mesh (zero 0)."""
+    from . import torchtitan as step
+
+    if setup.dp == 1:
+        apply_recompute()
+        return
+    dims = step.parallel_dims(setup)
+    _build_meshes(dims, device_type)
+    if dims.ep_enabled:
+        from torchtitan.models.llama4.infra.parallelize import apply_moe_ep_tp
+
+        apply_moe_ep_tp(model, tp_mesh=None, ep_mesh=dims.get_optional_mesh("ep"), etp_mesh=None, ep_etp_mesh=None,
+                        dual_pipe_v=False, use_deepep=False)
+    apply_recompute()
+    if not (dims.fsdp_enabled or dims.ep_enabled):
+        step.apply_data_parallel(model, setup, dims.get_mesh("dp_replicate"))  # llama3's apply_ddp
+        return
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.models.llama4.infra.parallelize import apply_fsdp
+
+    apply_fsdp(model, dims.get_mesh(["fsdp"]), param_dtype=TORCH_DTYPE_MAP[step.PRECISIONS[setup.precision]],
+               reduce_dtype=torch.float32, pp_enabled=False, cpu_offload=False,
+               reshard_after_forward_policy=step.reshard_policy(setup), ep_degree=dims.ep,
+               edp_mesh=dims.get_optional_mesh(["efsdp"]), gradient_divide_factor=dims.fsdp_gradient_divide_factor)
+    step.sum_on_gloo(model, setup)
+
+
+def _build_meshes(dims, device_type: str) -> None:
+    """ParallelDims.build_mesh (distributed/parallel_dims.py:68-188) on the step's device type: it reads the module
+    global device_type (:12, :140), which torchtitan sets to the accelerator, or "cuda" where there is none
+    (tools/utils.py:36-42), so a CPU step builds its gloo meshes with it set to "cpu" for the call."""
+    from torchtitan.distributed import parallel_dims
+
+    accelerator = parallel_dims.device_type
+    parallel_dims.device_type = device_type
+    try:
+        dims.build_mesh()
+    finally:
+        parallel_dims.device_type = accelerator
 
 
 def op_sac_save_list(spec: "ModelSpec", setup: "Setup") -> set:

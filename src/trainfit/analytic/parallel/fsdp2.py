@@ -31,10 +31,12 @@ from dataclasses import dataclass
 from ...hardware import GPU
 from ...overheads import held_segments
 from ...setup import Setup
+from ...spec import ModelSpec
 from ..params import ParamCounts
 from ..roofline import memory_seconds
 from ..precision import StateBytes
 from ..stacks import model_for
+from .expert import routed_expert_params
 from .fsdp1 import runs_fsdp1
 from .pipeline import Stage
 from .zero import ModelStates, shard, shard_ranks
@@ -75,12 +77,33 @@ class Groups:
     embedding: float  # tok_embeddings (0 off the first pipeline stage)
     head: float  # [norm, output] (0 off the last pipeline stage)
     layers: int  # blocks on this rank
+    reduced_last: float  # of a block, the FSDP group whose post-backward runs last (its reduce-scatter input is kept)
+    prefetched: float  # of a block, what the next block's pre-backward all-gathers ahead
 
 
-def groups(pc: ParamCounts, setup: Setup, stage: Stage, layer_params: float) -> Groups:
+def groups(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage, layer_params: float) -> Groups:
+    """Under expert parallelism torchtitan's apply_fsdp wraps each MoE block's routed experts as a group of their own
+    over the efsdp mesh (models/llama4/infra/parallelize.py:381-410): their post-backward runs inside the block's
+    backward and the block's own runs last, freeing the experts' reduce-scatter input, so the input kept while the
+    next block runs backward is the block's without its experts (seen in a real 2-rank EP step on CPU).
+    The experts' group is prefetched with its block (:463-494, set_modules_to_backward_prefetch), but over an efsdp
+    mesh of one rank FSDP2 all-gathers nothing ahead: it makes the unsharded copy at the group's own pre-forward or
+    pre-backward (torch 2.13 fsdp/_fully_shard/_fsdp_param_group.py:392-403, :437-450).
+    NB: from the experts' post-backward to the block's (the rest of the MoE and the attention backward) the experts'
+    input is held instead of the block's before: those moments are under-counted by the difference."""
     t = setup.tp
+    experts = expert_group_params(spec, pc, setup)
     return Groups(layer_params, pc.embedding / t * stage.embedding, (pc.final + pc.lm_head / t) * stage.head,
-                  stage.layers)
+                  stage.layers, layer_params - experts, layer_params - (experts if setup.expert_dp == 1 else 0.0))
+
+
+def expert_group_params(spec: ModelSpec, pc: ParamCounts, setup: Setup) -> float:
+    """Of one (average) block's parameters on a rank, the routed experts torchtitan shards as their own FSDP group
+    under expert parallelism (groups): E/(ep·etp) experts per MoE layer, sharded over efsdp (Setup.expert_dp), not
+    dp; 0 without EP."""
+    if setup.ep <= 1 or not spec.is_moe or spec.hybrid is not None:
+        return 0.0
+    return routed_expert_params(spec, pc) / (setup.ep * setup.expert_tp) * pc.moe_layers / spec.layers
 
 
 def fsdp2_buffers(g: Groups, st: StateBytes, setup: Setup) -> dict:
@@ -92,10 +115,11 @@ def fsdp2_buffers(g: Groups, st: StateBytes, setup: Setup) -> dict:
         # only [norm, output] stays unsharded after its forward, to its backward
         at_loss = g.head * p
         last_unsharded = g.layer * p  # block L-1, all-gathered again at the head's pre-backward (prefetch)
-        prefetched_last = g.layer * p if g.layers > 1 else g.embedding * p  # block L-2's all-gather output
+        prefetched_last = g.prefetched * p if g.layers > 1 else g.embedding * p  # block L-2's all-gather output
         first_unsharded = g.layer * p
         prefetched_first = g.embedding * p  # block 0's pre-backward prefetches the embedding
-        between = (2 * g.layer * p + g.layer * r, 0.0)  # block k, block k-1's all-gather output, k+1's RS input
+        # block k, block k-1's all-gather output, k+1's RS input
+        between = ((g.layer + g.prefetched) * p + g.reduced_last * r, 0.0)
     else:
         # nothing resharded after forward: every group's unsharded parameters live to its own post-backward
         at_loss = (g.embedding + g.layers * g.layer + g.head) * p
@@ -103,10 +127,10 @@ def fsdp2_buffers(g: Groups, st: StateBytes, setup: Setup) -> dict:
         prefetched_last = 0.0  # already unsharded: the prefetch is a no-op
         first_unsharded = (g.embedding + g.layer) * p
         prefetched_first = 0.0
-        between = (g.embedding * p + g.layer * r, g.layer * p)  # blocks 0..k still unsharded
+        between = (g.embedding * p + g.reduced_last * r, g.layer * p)  # blocks 0..k still unsharded
     # the reduce-scatter input of the group whose backward ran before (kept to the next post-backward)
     rs_before_last = g.head * r  # none on a pipeline stage without the head: its backward starts with this block
-    rs_before_first = g.layer * r if g.layers > 1 else rs_before_last
+    rs_before_first = g.reduced_last * r if g.layers > 1 else rs_before_last
     # the embedding's gradient shard is counted by the caller among all the gradients; it exists only after the
     # embedding's post-backward copy-in, so it is taken out of the two moments of that backward:
     #   during: its unsharded parameters and gradient, beside block 0's reduce-scatter input;
@@ -115,7 +139,7 @@ def fsdp2_buffers(g: Groups, st: StateBytes, setup: Setup) -> dict:
     embedding = 0.0
     if g.embedding:
         shard_grad = g.embedding * st.grad / shard_ranks(setup)
-        embedding = max(2 * g.embedding * p + (g.layer * r if g.layers else 0.0), g.embedding * (r + p)) - shard_grad
+        embedding = max(2 * g.embedding * p + (g.reduced_last * r if g.layers else 0.0), g.embedding * (r + p)) - shard_grad
     return {
         "forward_end": at_loss,
         "loss_backward": at_loss,

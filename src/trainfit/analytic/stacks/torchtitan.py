@@ -7,6 +7,7 @@ from __future__ import annotations
 from ...errors import SetupError
 from ...setup import Setup
 from ...spec import ModelSpec
+from ..moe_imbalance import busiest_rank_load
 from ..parallel import torch_context
 from .base import StackModel
 
@@ -75,6 +76,11 @@ class TorchtitanModel(StackModel):
             groups.update(ep=setup.ep, expert_dp=setup.expert_dp)
         return groups
 
+    def warnings(self, spec: ModelSpec, setup: Setup, gpu=None) -> list[str]:
+        if spec.is_moe and setup.ep > 1 and setup.recompute == "op":
+            return [f"{setup.stack_facts.fact('expert_parallel', 'op_sac_fails')}; --recompute full or none run"]
+        return []
+
     def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
         out = super().notes(spec, setup)
         if setup.cp > 1:
@@ -83,9 +89,11 @@ class TorchtitanModel(StackModel):
                        "timed as one kernel (their launches not counted)")
         if setup.ep > 1 and spec.is_moe:
             saves = " and ".join(setup.stack_facts.fact("expert_dispatch", "op_sac_saves"))
-            out.append(f"expert parallelism: ep {setup.ep} x etp {setup.expert_tp}, routing taken as balanced; a real "
-                       "router's busiest rank receives more tokens, and its dispatch buffers (and, under op SAC, "
-                       f"{saves}'s stored all-to-all outputs) grow with them")
+            load = busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp)
+            out.append(f"expert parallelism: ep {setup.ep} x etp {setup.expert_tp}; the busiest rank receives "
+                       f"{load:.2f}x the balanced routed tokens (analytic/moe_imbalance.py: --moe-imbalance, "
+                       "--moe-force-balance), which size its expert activations and dispatch buffers (and, under op "
+                       f"SAC, {saves}'s stored all-to-all outputs)")
             if setup.moe_dispatcher == "deepep":
                 out.append("DeepEP dispatch and combine: each token sent once to each rank holding one of its experts; "
                            "its routed buffers counted as the all-to-all's (NB: over: DeepEP holds the distinct "
