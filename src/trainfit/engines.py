@@ -24,7 +24,7 @@ ENGINES = ("analytic", "trace", "measure", "all")
 # The settings a run of each reads (`trainfit measure`'s and `trainfit trace`'s options, trainfit.measure_step's and
 # trace_module's keywords): the measure engine's one process of the standard step, the trace of a user's module
 MEASURED = ("batch", "seq", "grad_accum", "precision", "optimizer", "recompute", "attention", "zero", "stack",
-            "optimizer_impl", "device", "mode", "kv_dtype")
+            "optimizer_impl", "device", "mode", "kv_dtype", "ep", "moe_force_balance")
 TRACED_MODULE = ("grad_accum", "precision", "optimizer", "recompute", "device")
 
 

@@ -276,3 +276,11 @@ def test_engine_all_skips_the_trace_for_an_moe_model(cli):
                          "--seq", "128")
     assert code == 0, err
     assert "trace engine skipped" in out and "router's token counts" in out
+
+
+def test_measure_runs_ep_on_torchtitan_only(cli):
+    """`trainfit measure --ep` is offered (torchtitan's own EP step, test above) and refused in one line, exit 2, on a
+    stack whose measured step runs no expert parallelism, before any process is launched."""
+    code, out, err = cli("measure", "tiny-deepseek", "--stack", "megatron", "--precision", "bf16-master", "--zero", "1",
+                         "--nproc", "2", "--ep", "2")
+    assert code == 2 and not out.strip() and "\n" not in err.strip() and "--stack torchtitan" in err

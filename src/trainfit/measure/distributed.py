@@ -197,7 +197,11 @@ def measure_distributed_many(
             raise EngineUnavailableError("the distributed measure runs training steps; inference is measured on one process")
         if not multi_node and setup.dp != nproc:
             raise SetupError(f"--nproc {nproc} runs {nproc} data-parallel ranks: set --dp {nproc}")
-        stack_step(setup).check_ranks(spec, setup)  # refused here, in one line, rather than by every rank
+        kit = stack_step(setup)
+        if setup.ep > 1 and not getattr(kit, "EXPERT_PARALLEL", False):
+            raise EngineUnavailableError(f"--ep {setup.ep}: the measure engine runs expert parallelism in "
+                                         "torchtitan's own step only (--stack torchtitan); use --engine analytic")
+        kit.check_ranks(spec, setup)  # refused here, in one line, rather than by every rank
     try:
         import torch.distributed as dist
     except ImportError as e:  # pragma: no cover

@@ -52,6 +52,7 @@ NOTE = ("stack torchtitan 0.2.2: its own Llama3 Transformer, apply_ac, apply_fsd
         "cross_entropy_loss and clip_grad_norm_ (trainfit/step/torchtitan.py)")
 check_low_precision = torchtitan_lowp.check  # --low-precision: torchao's Float8Linear recipes (engines.py)
 DDP_TAKES_MESH = True  # models/llama3/infra/parallelize.py:363-366 (apply_ddp(model, dp_mesh, ...))
+EXPERT_PARALLEL = True  # its MoE models' own expert parallelism (step/torchtitan_moe.py parallelize)
 # how torchtitan applies data parallelism for each --zero it runs (models/llama3/infra/parallelize.py:125-156)
 STRATEGIES = {0: "torchtitan apply_ddp (composable replicate, 100 MB buckets)",
               2: "torchtitan apply_fsdp, reshard_after_forward_policy never (ZeRO-2-like)",
