@@ -113,7 +113,8 @@ def main(argv=None) -> None:
     lines += [f"| {r['model']} | {r['precision']} | {r['recompute']} | {r['ep']} | "
               f"{' / '.join(f'{p:,}' for p in r['ranks'])} | {r['analytic']:,.0f} | {pct(r['error'], digits=2)} |"
               for r in ranked]
-    lines += ["", f"{len(ranked)} two-rank cases: median {pct(rank_median, False, 2)}, worst {pct(rank_worst, digits=2)}"]
+    lines += ["", f"{len(ranked)} two-rank cases: median {pct(rank_median, False, 2)}, "
+                  f"worst {pct(rank_worst, digits=2)}"]
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     record("torchtitan_moe_cpu", "--stack torchtitan MoE models: analytic vs torchtitan's real MoE step on CPU",

@@ -2,6 +2,8 @@
 ranks with per-op SAC, parallelized by torchtitan's own apply_moe_ep_tp, apply_ac and apply_fsdp (trainfit's
 step/torchtitan_moe.parallelize calls them in its parallelize order), each rank printing whether a step ran or its
 error. Run by tests/stacks/test_torchtitan_moe.py under torch.distributed.run."""
+import sys
+
 import torch
 import torch.distributed as dist
 
@@ -23,7 +25,10 @@ with torch.no_grad():
 try:
     batches = step.make_batches(sp, s)
     step.run_step(model, step.make_optimizer(model, s), batches, s)
-    print(rank, "ran")
+    line = f"{rank} ran"
 except Exception as e:  # noqa: BLE001 - the error is the result
-    print(rank, "error", type(e).__name__, str(e)[:300])
+    line = f"{rank} error {type(e).__name__} {str(e)[:300]}"
+# one write of the whole line (under PIPE_BUF: atomic on the shared pipe, where two prints could interleave)
+sys.stdout.write(line + "\n")
+sys.stdout.flush()
 dist.destroy_process_group()

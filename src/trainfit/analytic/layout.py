@@ -80,8 +80,9 @@ def validate_layout(spec: ModelSpec, setup: Setup) -> None:
     if routing and not spec.is_moe:
         raise SetupError(f"{routing[0]} sets how a mixture-of-experts router loads its experts; {spec.name} is dense: "
                          "drop it")
-    # (the load they set is the busiest expert-parallel rank's, analytic/moe_imbalance.py: 1 at --ep 1, whatever they say;
-    # a forced balance by random logits also adds the router's noise kernels, timed at any --ep: ops/megatron_moe.py)
+    # (the load they set is the busiest expert-parallel rank's, analytic/moe_imbalance.py: 1 at --ep 1, whatever they
+    # say; a forced balance by random logits also adds the router's noise kernels, timed at any --ep:
+    # ops/megatron_moe.py)
     noise = setup.stack_facts.facts.get("moe", {}).get("force_balance") == "random-logits"
     loads = [f for f in routing if not (f == "--moe-force-balance" and noise)]
     if loads and setup.ep <= 1:

@@ -102,8 +102,8 @@ def _forced_by(setup) -> str | None:
 def round_robin_load(tokens: float, top_k: int, experts: int, ep: int) -> float:
     """The busiest rank's copies over the mean under torchtitan's forced balance (0.2.2 models/moe/moe.py:234-249:
     each rank's n = tokens·top_k copies go to experts arange(n) % E): expert e receives n // E copies from each rank,
-    one more where e < n mod E, so rank 0 (experts 0 … E/ep − 1) is the busiest, with ep·(L·(n // E) + min(n mod E,
-    L)) copies for L = E/ep, over the mean n."""
+    one more where e < n mod E, so rank 0 (experts 0 … E/ep − 1) is the busiest, with
+    ep·(L·(n // E) + min(n mod E, L)) copies for L = E/ep, over the mean n."""
     n = int(tokens * top_k)
     if n <= 0:
         return 1.0

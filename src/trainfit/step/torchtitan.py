@@ -3,7 +3,8 @@
 Runs torchtitan's code, not a re-implementation: its Llama3 `Transformer` (its qwen3, deepseek_v3 and llama4 MoE models,
 with their own parallelize order and expert parallelism, for the measure engine: step/torchtitan_moe.py), its
 activation checkpointing (`apply_ac` with its `_op_sac_save_list`), its `apply_fsdp` / `apply_ddp`, its
-`maybe_enable_amp`, its loss and its gradient clipping. Paths below are inside the torchtitan 0.2.2 wheel (stacks/torchtitan.toml pins it).
+`maybe_enable_amp`, its loss and its gradient clipping. Paths below are inside the torchtitan 0.2.2 wheel
+(stacks/torchtitan.toml pins it).
 
     build   train.py:147-151   Transformer(args) on the meta device under set_default_dtype(training.dtype)
             train.py:154-155   --low-precision: torchao's Float8Linear swapped in (step/torchtitan_lowp.py)

@@ -139,7 +139,8 @@ def fsdp2_buffers(g: Groups, st: StateBytes, setup: Setup) -> dict:
     embedding = 0.0
     if g.embedding:
         shard_grad = g.embedding * st.grad / shard_ranks(setup)
-        embedding = max(2 * g.embedding * p + (g.reduced_last * r if g.layers else 0.0), g.embedding * (r + p)) - shard_grad
+        kept = g.reduced_last * r if g.layers else 0.0
+        embedding = max(2 * g.embedding * p + kept, g.embedding * (r + p)) - shard_grad
     return {
         "forward_end": at_loss,
         "loss_backward": at_loss,
