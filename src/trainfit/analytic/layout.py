@@ -8,6 +8,7 @@ from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .liger import check_family
+from .moe_imbalance import forced_by
 from .parallel import pipeline
 from .stacks import model_for
 
@@ -83,7 +84,7 @@ def validate_layout(spec: ModelSpec, setup: Setup) -> None:
     # (the load they set is the busiest expert-parallel rank's, analytic/moe_imbalance.py: 1 at --ep 1, whatever they
     # say; a forced balance by random logits also adds the router's noise kernels, timed at any --ep:
     # ops/megatron_moe.py)
-    noise = setup.stack_facts.facts.get("moe", {}).get("force_balance") == "random-logits"
+    noise = forced_by(setup) == "random-logits"
     loads = [f for f in routing if not (f == "--moe-force-balance" and noise)]
     if loads and setup.ep <= 1:
         raise SetupError(f"{loads[0]} sets the busiest expert-parallel rank's load (analytic/moe_imbalance.py); at "

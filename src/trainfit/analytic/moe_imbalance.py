@@ -85,7 +85,7 @@ def busiest_rank_load(spec, setup, tokens: float) -> float:
     floor = sampling_floor(tokens * ep, m.top_k, m.num_experts, ep)
     given = getattr(setup, "moe_imbalance", None)
     if getattr(setup, "moe_force_balance", False):
-        load = round_robin_load(tokens, m.top_k, m.num_experts, ep) if _forced_by(setup) == "round-robin" else floor
+        load = round_robin_load(tokens, m.top_k, m.num_experts, ep) if forced_by(setup) == "round-robin" else floor
     elif given is not None:
         load = float(given)
     else:
@@ -94,7 +94,9 @@ def busiest_rank_load(spec, setup, tokens: float) -> float:
     return min(load, cap) if cap is not None else load
 
 
-def _forced_by(setup) -> str | None:
+def forced_by(setup) -> str | None:
+    """The stack's forced balance ([moe] force_balance): "random-logits" (Megatron), "round-robin" (torchtitan),
+    None where it has none."""
     facts = getattr(setup, "stack_facts", None)
     return facts.facts.get("moe", {}).get("force_balance") if facts is not None else None
 

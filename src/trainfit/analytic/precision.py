@@ -42,20 +42,22 @@ def fsdp_policy_on(setup: Setup) -> bool:
     policy), and the stack sets one: its mechanism is fsdp2 (torchtitan, instead of autocast:
     torchtitan/distributed/utils.py:243-263, maybe_enable_amp: autocast only without FSDP) or its [mixed_precision]
     fsdp_policy is on (hf: accelerate's policy beside its autocast, stacks/hf.toml)."""
-    # (shard_ranks: dp × cp on torchtitan, its FSDP spans the context-parallel ranks)
     mp = setup.stack_facts.facts.get("mixed_precision", {})
-    return (_zero().shard_ranks(setup) > 1 and setup.zero >= 2 and setup.mode == "train"
-            and (mp.get("value") == "fsdp2" or bool(mp.get("fsdp_policy")))
+    return (_fsdp_sharding(setup) and (mp.get("value") == "fsdp2" or bool(mp.get("fsdp_policy")))
             and bool(PRECISIONS[setup.precision].autocast))
+
+
+def _fsdp_sharding(setup: Setup) -> bool:
+    """A training step whose FSDP shards the states (shard_ranks: dp × cp on torchtitan, its FSDP spans the
+    context-parallel ranks)."""
+    return _zero().shard_ranks(setup) > 1 and setup.zero >= 2 and setup.mode == "train"
 
 
 def _policy_always(setup: Setup) -> bool:
     """Whether FSDP is on and the stack passes its MixedPrecisionPolicy whatever the precision (mechanism fsdp2:
     torchtitan's apply_fsdp, models/llama3/infra/parallelize.py:313, with mixed_precision_reduce under training.dtype
     bfloat16 too)."""
-    mp = setup.stack_facts.facts.get("mixed_precision", {})
-    return (mp.get("value") == "fsdp2" and _zero().shard_ranks(setup) > 1 and setup.zero >= 2
-            and setup.mode == "train")
+    return _fsdp_sharding(setup) and setup.stack_facts.facts.get("mixed_precision", {}).get("value") == "fsdp2"
 
 
 def fsdp2_mixed_precision(setup: Setup) -> bool:
@@ -138,7 +140,7 @@ def _state_bytes(setup: Setup) -> StateBytes:
         # 2.13 fsdp/_fully_shard/_fsdp_param.py init_dtype_attrs keeps a reduce_dtype that differs from the
         # parameters', so the reduce-scatter input is fp32 (seen in a real 2-rank torchtitan step at --precision bf16)
         rd = policy_dtype(setup, "reduce_dtype")
-        reduce = 0.0 if rd in ("none", "compute") else DTYPE_BYTES[rd]
+        reduce = 0.0 if rd == "none" else DTYPE_BYTES[rd]
     if kbit_prep.fp32_stream(setup):  # --kbit-prep: an fp32 embedding or norm weight makes the stream fp32
         residual = 4
     weight = DTYPE_BYTES[pol.weight]

@@ -96,12 +96,19 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
     if amp:
         fixed += a * m.num_experts * h  # autocast's cast of the gate weight
     if m.shared_intermediate:
-        s = m.shared_intermediate
+        cast_inputs, intermediates = shared_saved(spec, st)
+        inputs += cast_inputs
+        mlp += intermediates
         if amp:
-            inputs += 2 * a * h  # w1 and w3 each cast the input
-            fixed += a * 3 * h * s
-        mlp += 4 * a * s
+            fixed += a * 3 * h * m.shared_intermediate
     return {"linear_inputs": inputs, "mlp": mlp}, fixed
+
+
+def shared_saved(spec: ModelSpec, st) -> tuple[float, float]:
+    """Per token, what the shared experts' FeedForward saves: (under autocast w1's and w3's casts of the input, 0
+    otherwise; silu's input and output, the w3 product and their product)."""
+    a = st.act
+    return (2 * a * spec.hidden if st.autocast else 0.0), 4 * a * spec.moe.shared_intermediate
 
 
 def uncached_fixed(spec: ModelSpec, setup: Setup) -> float:
@@ -176,7 +183,7 @@ def moments(spec: ModelSpec, setup: Setup, st, tokens: float, pending: float, re
     unpermute = rows * h * r + (received + 1) * h * r + (sent * h * r if ep else INDEX * rows)
     # the shared experts run after the routed ones (moe.py:525-528): their saved set is not made again yet
     s = m.shared_intermediate
-    shared = (4 * a * s + (2 * a * h if st.autocast else 0)) * tokens if s else 0.0
+    shared = sum(shared_saved(spec, st)) * tokens if s else 0.0
     out.append(Moment(recomputed - combine - shared + pending + grad_cast + mid + unpermute + rows * h * r
                       + routed_in + block_in, 0.0))
     if ep and s:

@@ -78,7 +78,7 @@ def check(spec: "ModelSpec", setup: "Setup") -> None:
     from ..analytic.layout import check_stack_model
 
     check_stack_model(spec, setup)  # the models torchtitan builds: the same refusal for every engine
-    if spec.is_moe:  # torchtitan's qwen3 / deepseek_v3 / llama4 MoE models, one process (step/torchtitan_moe.py)
+    if spec.is_moe:  # torchtitan's qwen3 / deepseek_v3 / llama4 MoE models (step/torchtitan_moe.py)
         torchtitan_moe.check(spec, setup)
     # (precisions and optimizers torchtitan lacks never reach here: Setup refuses them from stacks/torchtitan.toml)
     if setup.attention == "eager":
@@ -268,8 +268,7 @@ def build(spec: "ModelSpec", setup: "Setup", device="cpu", mesh=None, fake: bool
                                          f"peers; measure with `trainfit measure --nproc {setup.dp}` (torchrun) or "
                                          "use --engine trace (a fake process group)")
     if spec.is_moe:  # its model's parallelize: experts, then recompute, then data parallelism (step/torchtitan_moe.py)
-        torchtitan_moe.parallelize(model, setup, torch.device(device).type, lambda: apply_recompute(model, setup,
-                                                                                                      save_list))
+        torchtitan_moe.parallelize(model, setup, torch.device(device).type, save_list)
     else:
         apply_recompute(model, setup, save_list)
         if setup.dp > 1:

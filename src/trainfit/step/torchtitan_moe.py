@@ -128,15 +128,15 @@ def model_and_args(spec: "ModelSpec", setup: "Setup"):
     return DeepSeekV3Model, args
 
 
-def parallelize(model: torch.nn.Module, setup: "Setup", device_type: str, apply_recompute) -> None:
+def parallelize(model: torch.nn.Module, setup: "Setup", device_type: str, save_list: set) -> None:
     """The model's parallelize function for data and expert parallelism (qwen3/infra/parallelize.py:111-180; the
     same order in deepseek_v3's and llama4's): apply_moe_ep_tp with ExpertParallel on the ep mesh (ep > 1), then
-    `apply_recompute` (apply_ac), then llama4's apply_fsdp over the fsdp mesh, the routed experts over the efsdp mesh
+    apply_ac with the model's `save_list`, then llama4's apply_fsdp over the fsdp mesh, the routed experts over the efsdp mesh
     (zero 2/3, or any ep > 1), or llama3's apply_ddp over the dp_replicate mesh (zero 0)."""
     from . import torchtitan as step
 
     if setup.dp == 1:
-        apply_recompute()
+        step.apply_recompute(model, setup, save_list)
         return
     dims = step.parallel_dims(setup)
     _build_meshes(dims, device_type)
@@ -145,7 +145,7 @@ def parallelize(model: torch.nn.Module, setup: "Setup", device_type: str, apply_
 
         apply_moe_ep_tp(model, tp_mesh=None, ep_mesh=dims.get_optional_mesh("ep"), etp_mesh=None, ep_etp_mesh=None,
                         dual_pipe_v=False, use_deepep=False)
-    apply_recompute()
+    step.apply_recompute(model, setup, save_list)
     if not (dims.fsdp_enabled or dims.ep_enabled):
         step.apply_data_parallel(model, setup, dims.get_mesh("dp_replicate"))  # llama3's apply_ddp
         return
