@@ -121,8 +121,9 @@ def trace(req: Request, extrapolate: bool = True) -> Estimate:
 
     spec, setup = resolve(req)
     gpu = gpu_of(req)
-    traced = with_device_total(engines.trace(spec, setup, extrapolate=extrapolate, alloc_conf=req.alloc_conf), gpu)
-    return _gpu_noted(spec, setup, gpu, with_fit(traced, gpu, reserve_bytes(req.reserve)))
+    traced = with_device_total(engines.trace(spec, setup, extrapolate=extrapolate, alloc_conf=req.alloc_conf), gpu,
+                               spec)
+    return _gpu_noted(spec, setup, gpu, with_fit(traced, gpu, reserve_bytes(req.reserve), spec))
 
 
 def measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force: bool = False) -> Estimate:

@@ -7,7 +7,8 @@
   beside it; it is not one of the model's tensors, so the engines' peak leaves it out.
 - `overheads`: memory beside the allocator — the CUDA context (driver state and lazily loaded kernels), NCCL's
   buffers, one set per communicator the stack creates (`communicators`), sized by the GPU's interconnect
-  (nccl_buffers), and SGLang's custom all-reduce buffers (`custom_allreduce_bytes`).
+  (nccl_buffers), SGLang's custom all-reduce buffers (`custom_allreduce_bytes`) and DeepEP's buffers under
+  --moe-dispatcher deepep (deepep_buffers: sized by the model, so these take its spec).
 
 Both are fixed (fixed_bytes): the fit rule (analytic/fit_rule.py) takes them off the GPU's memory to get the
 capacity the step's tensors may use. Reserved is what an unconstrained run caches, not what it needs: the
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from . import nccl_buffers, serving_versions
+from . import deepep_buffers, nccl_buffers, serving_versions
 from .alloc.caching_allocator import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_SMALL_BUFFER, K_SMALL_SIZE, \
     allocation_size, round_size
 from .alloc.config import AllocConf
@@ -135,9 +136,14 @@ def allocator_held(gpu: GPU | None, setup) -> dict[str, int]:
     return {"cublas_workspace": int(w["streams"]) * threads * blas_workspace(gpu)}
 
 
-def overheads(gpu: GPU | None, setup) -> dict[str, int]:
+# the MoE dispatchers holding buffers of their own beside the allocator (the only overheads a dispatcher changes)
+OWN_BUFFERS = (deepep_buffers.DISPATCHER,)
+
+
+def overheads(gpu: GPU | None, setup, spec=None) -> dict[str, int]:
     """Memory beside the caching allocator that nvidia-smi counts: name -> bytes (empty without a GPU). The context is
-    the one after a step, except under a serving engine, which sizes its pool before any step."""
+    the one after a step, except under a serving engine, which sizes its pool before any step. `spec`: the model,
+    which sizes DeepEP's buffers (needed under --moe-dispatcher deepep)."""
     if gpu is None or setup.device != "cuda":
         return {}
     out = {"cuda_context": cuda_context(gpu, after_step=getattr(setup, "mode", "train") != "serve")}
@@ -148,12 +154,31 @@ def overheads(gpu: GPU | None, setup) -> dict[str, int]:
     car = custom_allreduce_bytes(gpu, setup)
     if car:
         out["custom_allreduce"] = car
+    deepep = deepep_bytes(spec, setup, gpu)
+    if deepep:
+        out["deepep_buffers"] = deepep
     return out
 
 
-def fixed_bytes(gpu: GPU | None, setup) -> int:
+def deepep_bytes(spec, setup, gpu: GPU) -> int:
+    """One rank's DeepEP buffers where `setup` dispatches with DeepEP over more than one rank (0 elsewhere;
+    deepep_buffers): over the group its rules check (setup/rules.py: ep × expert TP), on the dispatcher's SMs
+    (--moe-dispatcher-sms, else the stack's: parallel/expert.exchange_sms), for the model's hidden size in the step's
+    activation dtype, at least 2 bytes."""
+    if setup.moe_dispatcher != deepep_buffers.DISPATCHER or setup.ep <= 1:
+        return 0
+    if spec is None:
+        raise TypeError("DeepEP's buffers are sized by the model's hidden size: pass the model spec")
+    from .analytic.parallel.expert import exchange_sms
+    from .analytic.precision import state_bytes
+
+    hidden_bytes = spec.hidden * max(int(state_bytes(setup).act), 2)
+    return deepep_buffers.buffer_bytes(hidden_bytes, setup.ep * setup.expert_tp, exchange_sms(setup, gpu))
+
+
+def fixed_bytes(gpu: GPU | None, setup, spec=None) -> int:
     """Everything on the device that is not the step's own tensors: allocator-held buffers + overheads."""
-    return sum(allocator_held(gpu, setup).values()) + sum(overheads(gpu, setup).values())
+    return sum(allocator_held(gpu, setup).values()) + sum(overheads(gpu, setup, spec).values())
 
 
 def held_segments(requests) -> int:
@@ -202,8 +227,8 @@ def reserved_from_allocated(peak: int, transient: int = 0, side_streams: int = 0
     return peak + transient + side_streams
 
 
-def device_memory(step_reserved: int, gpu: GPU | None, setup,
-                  required: int = 0) -> tuple[int, int | None, dict[str, int], dict[str, int]]:
+def device_memory(step_reserved: int, gpu: GPU | None, setup, required: int = 0,
+                  spec=None) -> tuple[int, int | None, dict[str, int], dict[str, int]]:
     """(reserved, device_total, overheads, allocator-held buffers) from what the step's own tensors reserve (the
     analytic engine's reserved_from_allocated, the trace engine's allocator replay) (DESIGN.md §4c): reserved adds
     the library buffers taken through the caching allocator (cuBLAS workspace), device total = reserved + the
@@ -212,12 +237,13 @@ def device_memory(step_reserved: int, gpu: GPU | None, setup,
     allocator does not limit caches at least what a limited one cannot release. The analytic reserved leaves out
     the live parameters' segment slack that required counts (fit_rule.segment_slack), so where the step frees
     little it read below required (bert-base seq-cls, batch 32 x 512: 7.66 against 7.67 GiB). NB: the floor
-    still leaves the slack out where the freed blocks exceed it (under by at most segment_slack)."""
+    still leaves the slack out where the freed blocks exceed it (under by at most segment_slack). `spec`: as
+    overheads takes it."""
     held = allocator_held(gpu, setup)
     reserved = max(step_reserved, required) + sum(held.values())
     if gpu is None:
         return reserved, None, {}, held
-    beside = overheads(gpu, setup)
+    beside = overheads(gpu, setup, spec)
     return reserved, reserved + sum(beside.values()), beside, held
 
 
@@ -252,15 +278,15 @@ def describe(mem_overheads: dict[str, int], held: dict[str, int], cached_block: 
             "GPU memory - --reserve - " + (", ".join(parts + beside) or "nothing"))
 
 
-def with_device_total(est, gpu: GPU | None):
+def with_device_total(est, gpu: GPU | None, spec=None):
     """A trace estimate (reserved from the allocator simulator) with the library buffers and the fixed overheads
-    added (device_memory). Unchanged without a GPU or a reserved figure."""
+    added (device_memory; `spec` as overheads takes it). Unchanged without a GPU or a reserved figure."""
     from dataclasses import replace
 
     m = est.memory
     if gpu is None or m.reserved is None:
         return est
-    reserved, device_total, beside, _ = device_memory(m.reserved, gpu, est.setup)
+    reserved, device_total, beside, _ = device_memory(m.reserved, gpu, est.setup, spec=spec)
     paged = est.detail.paged_optimizer_states
     if paged:
         device_total, evicted = with_paged(device_total, beside, paged, gpu)

@@ -320,7 +320,7 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
     at = mem.at_peak
     needed = expandable.required(mem) if expandable_segments else fit_rule.required(spec, setup, mem, pc)
     reserved, device_total, beside, held = overheads.device_memory(
-        step_reserve(spec, setup, mem, pc, expandable_segments), gpu, setup, needed)
+        step_reserve(spec, setup, mem, pc, expandable_segments), gpu, setup, needed, spec)
     paged, evicted, host = mem.paged_optimizer_states or 0, 0, mem.host_memory
     if paged and gpu is not None:  # unified memory: resident where the rest leaves room, else on the host
         device_total, evicted = overheads.with_paged(device_total, beside, paged, gpu, reserve)
@@ -345,7 +345,7 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
         tps = setup.tokens_per_step / secs
         extra = budget(tokens, tps, setup.world_size, gpu, terms) if tokens else {}
         # the fit rule (fit_rule.py); paged states resident on the device take what the step leaves
-        fit = fit_rule.verdict(gpu, setup, needed, reserve, paged)
+        fit = fit_rule.verdict(gpu, setup, needed, reserve, paged, spec)
         # and the node's host memory: the offloaded states and pinned buffers of its ranks (fit_rule.host_verdict)
         fit = fit_rule.host_verdict(fit, gpu, setup, host or 0)
         timing = Timing(gpu=gpu.name, mfu=achieved, step_seconds=secs,
@@ -732,7 +732,7 @@ def _rl(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
     # what they allocate (NB: their own freed blocks are not modelled: under)
     cached = step_reserve(spec, ts, p) - p.peak
     needed = m.peak + fit_rule.required(spec, ts, p) - p.peak
-    reserved, device_total, beside, held = overheads.device_memory(m.peak + cached, gpu, ts, needed)
+    reserved, device_total, beside, held = overheads.device_memory(m.peak + cached, gpu, ts, needed, spec)
     weights = p.weights + sum(o.resident for o in m.others if o.role != "critic") + m.rollout.engine_weights
     co = critic  # the critic trained on the actor's GPUs
     if setup.rl_placement == "split":  # the actor's GPUs hold the actor alone (the other groups': detail.rl)
@@ -761,7 +761,7 @@ def _rl(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
         if hybrid:
             seconds.update(rl_placement.seconds(pl, setup, gpu))
         secs = sum(seconds.values())
-        fit = fit_rule.verdict(gpu, ts, needed, reserve)
+        fit = fit_rule.verdict(gpu, ts, needed, reserve, spec=spec)
         timing = Timing(gpu=gpu.name, mfu=flops.model_step / (secs * peak_flops), step_seconds=secs,
                         tokens_per_second=sh.completions * sh.seq / secs, fits=fit.fits, headroom=fit.headroom,
                         gpu_memory=gpu.memory, prefill_seconds=seconds[Phase.GENERATE.value],

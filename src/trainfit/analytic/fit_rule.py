@@ -38,10 +38,11 @@ def reserve_bytes(reserve: float) -> int:
     return int(reserve * 2**30)
 
 
-def capacity(gpu: GPU, setup: Setup, reserve: int = 0) -> int:
+def capacity(gpu: GPU, setup: Setup, reserve: int = 0, spec=None) -> int:
     """Bytes of `gpu` the step's tensors may use: its memory less `reserve` bytes (--reserve) and less the fixed
-    overheads of this setup's processes and communicators (overheads.fixed_bytes)."""
-    return gpu.memory - reserve - overheads.fixed_bytes(gpu, setup)
+    overheads of this setup's processes and communicators (overheads.fixed_bytes; `spec`, the model, as it takes
+    it)."""
+    return gpu.memory - reserve - overheads.fixed_bytes(gpu, setup, spec)
 
 
 def required(spec: ModelSpec, setup: Setup, mem, pc=None) -> int:
@@ -107,15 +108,15 @@ def infer_required(spec: ModelSpec, setup: Setup, m) -> int:
     return infer_reserve(spec, setup, m) + overheads.held_segments(requests) - sum(n * c for n, c in requests)
 
 
-def verdict(gpu: GPU, setup: Setup, needed: int, reserve: int = 0, paged: int = 0) -> Fit:
+def verdict(gpu: GPU, setup: Setup, needed: int, reserve: int = 0, paged: int = 0, spec=None) -> Fit:
     """The verdict on `gpu`: the step needs `needed` bytes (required, or the trace's least capacity) within
     capacity(gpu, setup, reserve). `paged`: bitsandbytes' paged optimizer states (CUDA unified memory beside the
     allocator, overheads.with_paged), resident in what the step leaves and evicted to the host beyond it, so they
-    take headroom but never make a step not fit."""
-    cap = capacity(gpu, setup, reserve)
+    take headroom but never make a step not fit. `spec`: as capacity takes it."""
+    cap = capacity(gpu, setup, reserve, spec)
     if cap <= 0:  # nothing left for the step: the question is wrong, not the step too large
         raise SetupError(f"{gpu.name}: its {fmt_bytes(gpu.memory)} less --reserve {fmt_bytes(reserve)} and the "
-                         f"fixed overheads {fmt_bytes(overheads.fixed_bytes(gpu, setup))} (CUDA context, cuBLAS "
+                         f"fixed overheads {fmt_bytes(overheads.fixed_bytes(gpu, setup, spec))} (CUDA context, cuBLAS "
                          "workspace, NCCL) leave nothing for the step; lower --reserve or raise --gpu-memory")
     resident = min(paged, max(0, cap - needed))
     headroom = cap - needed - resident
@@ -153,13 +154,13 @@ def host_note(fit: Fit, setup: Setup, gpu: GPU) -> str | None:
             "(--host-memory or the cluster's): offload less, or use nodes with more memory")
 
 
-def with_fit(est, gpu: GPU | None, reserve: int = 0):
-    """A trace estimate judged on `gpu` (est.memory.required: the allocator simulator's least capacity): its Fit.
-    Unchanged without a GPU or a required figure (CPU runs: no caching allocator)."""
+def with_fit(est, gpu: GPU | None, reserve: int = 0, spec=None):
+    """A trace estimate judged on `gpu` (est.memory.required: the allocator simulator's least capacity): its Fit
+    (`spec` as capacity takes it). Unchanged without a GPU or a required figure (CPU runs: no caching allocator)."""
     needed = est.memory.required
     if gpu is None or needed is None:
         return est
-    return replace(est, fit=verdict(gpu, est.setup, needed, reserve, est.detail.paged_optimizer_states or 0))
+    return replace(est, fit=verdict(gpu, est.setup, needed, reserve, est.detail.paged_optimizer_states or 0, spec))
 
 
 # (imported last, as the module, not its names: engine.py imports this module; a function-level import costs its

@@ -70,7 +70,7 @@ def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle, level: int | None 
                                 raise
                             continue  # a knob the stack's rules refuse here (as the search skips it)
                         modelled = True
-                        short = oracle.peak(s) - fit_rule.capacity(gpu, s, reserve)
+                        short = oracle.peak(s) - fit_rule.capacity(gpu, s, reserve, oracle.spec)
                         if best is None or short < best:
                             best, where = short, s
                     if modelled:

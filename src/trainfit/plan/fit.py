@@ -73,7 +73,7 @@ class PeakOracle:
         key = (gpu, memory_key(setup) if key is None else key, reserve)
         got = self._capacity.get(key)
         if got is None:
-            got = self._capacity[key] = capacity(gpu, setup, reserve)
+            got = self._capacity[key] = capacity(gpu, setup, reserve, self.spec)
         return got
 
     def micro_batch_room(self, setup: Setup, capacity: int, states_key: tuple, saved_key: tuple) -> "Room":

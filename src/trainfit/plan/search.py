@@ -29,7 +29,9 @@ group's best or the --top fastest groups' is never judged or timed: the plans re
 one (tests/plan/test_search_exact.py). A selective group's splits start from the bound with nothing recomputed,
 which its layout's module sets share (Floors.below_every_policy), and get their own only when taken. The settings
 that change only the step time (space.TIMED: the MoE dispatcher, --overlap-moe-comm) are searched inside each
-group, its memory judged once for all of them. Only the top plans get a full estimate.
+group, its memory judged once for all of them at the defaults' capacity (a dispatcher's own buffers beside the
+allocator, overheads.OWN_BUFFERS, leave less: each of its setups judged again when timed). Only the top plans get a
+full estimate.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from .. import cancel, limits
-from ..analytic.fit_rule import reserve_bytes
+from ..analytic.fit_rule import capacity, reserve_bytes
 from ..analytic.layout import check_stack_model, validate_layout
 from ..analytic.ops import WHOLE_LAYER
 from ..analytic.params import count_params
@@ -54,6 +56,7 @@ from ..errors import NotModelledError, SetupError
 from ..estimate import Estimate, StepTime
 from ..hardware import GPU
 from ..models.hf_config import for_setup
+from ..overheads import OWN_BUFFERS
 from ..setup import BY_NAME, OPTIMIZERS, TRAIN_PRECISIONS, Request, Setup, check_recompute, check_value
 from ..spec import ModelSpec, VisionSpec
 from ..stacks import get_stack, names
@@ -976,6 +979,7 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
     if spares is None:
         spares = any(x.offload != "none" for e in fitting for _, x in e.variants)
     size, top = q.top * (POOL if spares else 1), {}
+    reserve = reserve_bytes(q.reserve)
     heap = list(fitting)
     heapq.heapify(heap)  # (entries differ in their order: the setups are never compared)
     order = len(fitting)
@@ -1004,6 +1008,11 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
             stats["memory_rejected_splits"] = stats.get("memory_rejected_splits", 0) + 1
             continue
         key, b, ((_, setup),) = e.key, e.b, e.variants
+        if setup.moe_dispatcher in OWN_BUFFERS and not oracle.fits(setup, capacity(gpu, setup, reserve, oracle.spec)):
+            # its dispatcher's own buffers beside the allocator leave less than its group's capacity (the
+            # defaults', which admitted the split: _search_group)
+            stats["memory_rejected_splits"] = stats.get("memory_rejected_splits", 0) + 1
+            continue
         cancel.check()
         # the estimate's step time (NB: without paged optimizer states' migration, which the estimate adds where the
         # device cannot hold them all: rank optimistic for a paged optimizer on a full GPU; the plan shows the estimate's)

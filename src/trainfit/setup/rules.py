@@ -3,14 +3,14 @@ cross-field rules (layouts a stack runs, serving and RL combinations); `micro_ba
 takes part in. Model-dependent limits are analytic/layout.py's."""
 from __future__ import annotations
 
-from .. import limits
+from .. import deepep_buffers, limits
 from .. import precision as _precision
 from .. import stacks as _stacks
 from .. import serving_versions
 from ..errors import SetupError
 from .settings import (_SETUP_SETTINGS, BY_NAME, Setup, check_value, other_server_settings, refuse_inapplicable,
                        refuse_other_server)
-from .vocab import (BNB_OPTIMIZERS, DEEPEP_GROUPS, TORCHAO_OPTIMIZERS, COMMON_RECOMPUTE, MODES, QUANTS,
+from .vocab import (BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, COMMON_RECOMPUTE, MODES, QUANTS,
                     RECOMPUTE_PATTERNS, SERVE_KV_DTYPES)
 
 
@@ -356,17 +356,19 @@ def _check_axis(setup: Setup, stack, name: str) -> None:
 
 def _check_dispatcher(setup: Setup) -> None:
     """The MoE token dispatcher's own rules: expert parallelism to dispatch over, its SMs for deepep / hybridep;
-    DeepEP's group sizes (vocab.DEEPEP_GROUPS) and its even SM count (DeepEP v1.2.1 deep_ep/buffer.py:144-153
-    set_num_sms, which Megatron calls with --moe-deepep-num-sms: fused_a2a.py:258-260)."""
+    DeepEP's group sizes (deepep_buffers.groups: the keys of its config maps, which get_buffer reads over the
+    dispatcher's group: megatron-core 0.16.1 moe/fused_a2a.py:33-47, over tp × ep, token_dispatcher.py:1347-1350;
+    torchtitan 0.2.2 distributed/deepep/deepep.py:294-317, over ep) and its even SM count (DeepEP v1.2.1
+    deep_ep/buffer.py:144-153 set_num_sms, which Megatron calls with --moe-deepep-num-sms: fused_a2a.py:258-260)."""
     if setup.moe_dispatcher is not None and setup.ep <= 1:
         raise SetupError(f"--moe-dispatcher {setup.moe_dispatcher} sends tokens to experts on other expert-parallel "
                          "ranks: it needs --ep > 1")
     if setup.moe_dispatcher == "deepep" and setup.ep > 1:
-        group = setup.ep * setup.expert_tp
-        if group not in DEEPEP_GROUPS:
+        group, runs = setup.ep * setup.expert_tp, deepep_buffers.groups()
+        if group not in runs:
             what = f"--ep {setup.ep}" + (f" × --etp {setup.expert_tp} = {group}" if setup.expert_tp > 1 else "")
             raise SetupError(f"--moe-dispatcher deepep over {what} ranks: DeepEP runs groups of "
-                             f"{', '.join(map(str, DEEPEP_GROUPS))} ranks only (deep_ep Buffer.get_dispatch_config "
+                             f"{', '.join(map(str, runs))} ranks only (deep_ep Buffer.get_dispatch_config "
                              "asserts it); use another --ep, or --moe-dispatcher alltoall")
     if setup.moe_dispatcher_sms is not None and setup.moe_dispatcher not in ("deepep", "hybridep"):
         raise SetupError("--moe-dispatcher-sms sets the SMs of the deepep / hybridep dispatcher's kernels: it needs "

@@ -38,12 +38,6 @@ RECOMPUTE = ("none", "selective", "full", "op")
 RECOMPUTE_PATTERNS = ("layer", "uniform", "block")
 COMMON_RECOMPUTE = ("none", "selective", "full")  # every stack's own meaning (selective: stacks/*.toml [recompute])
 MOE_DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")  # --moe-dispatcher (analytic/parallel/expert.py)
-# The group sizes DeepEP's normal kernels run: Buffer.get_dispatch_config / get_combine_config assert the group's
-# rank count is a key of their config maps ("Unsupported number of EP ranks"), and both stacks build their buffer from
-# them (megatron-core 0.16.1 moe/fused_a2a.py:33-47 get_buffer, over the dispatcher's tp × ep group,
-# token_dispatcher.py:1347-1350; torchtitan 0.2.2 distributed/deepep/deepep.py:294-317, over the ep group). DeepEP
-# main dd758ca deep_ep/buffers/legacy.py:245-259; v1.2.1 (deep_ep/buffer.py:231-244) lacks 48 and 96.
-DEEPEP_GROUPS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
 OFFLOAD = ("none", "optimizer", "params", "activations")  # what one --offload names
 # --offload's values (parsers.combine_offload): the saved activations and the model states go to the host apart, so
 # the activations combine with either state offload (Setup.offload_activations, Setup.offload_state read them)

@@ -38,7 +38,7 @@ def dispatch_bytes(spec: ModelSpec, setup: Setup, tokens: float, act_bytes: floa
     instead of E).
     NB: balanced routing (each rank receives the tokens·top_k rows it sends): the busiest rank of an imbalanced
     router receives more, so under-counts there (torchtitan #1789). Under --moe-dispatcher deepep the same bytes
-    (the planner judges a group's memory once for all its dispatchers: memory.NOT_IN_MEMORY): DeepEP's dispatch
+    (the planner judges a group's tensors once for all its dispatchers: memory.NOT_IN_MEMORY): DeepEP's dispatch
     delivers each token once per destination rank, not per expert, and _permute_tokens pads nothing (stacks/
     torchtitan.toml [expert_dispatch.deepep]), so over-counts there."""
     if setup.ep <= 1 or spec.moe is None:
