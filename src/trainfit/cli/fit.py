@@ -44,7 +44,8 @@ def fit(req, json: bool = JsonOpt, longest_context: bool = LongestOpt) -> None:
     spec = api.token_model(req.model, "fit")
     setup, gpu = req.setup(spec), api.gpu_of(req)
     validate_layout(spec, setup)  # the layout given is the model's to take, as estimate checks it (not replaced)
-    verdict(gpu, setup, 0, reserve_bytes(req.reserve))  # a --reserve / --gpu-memory that leaves nothing: one line
+    # a --reserve / --gpu-memory that leaves nothing: one line
+    verdict(gpu, setup, 0, reserve_bytes(req.reserve), spec=spec)
     # the setup as given, as estimate runs it: one the analytic engine refuses (LoRA on a MoE) is its one line, not
     api.analytic(req, spec)  # "nothing trainfit tried fits" (the search judges every change of it as None)
     if longest_context:
