@@ -35,6 +35,12 @@ def groups() -> tuple[int, ...]:
     return tuple(sorted(int(k) for k in _conf()["dispatch"]))
 
 
+def group(setup) -> int:
+    """The ranks of the group a setup's Buffer is built over: the dispatcher's expert-TP × EP group (megatron-core's
+    tp_ep; torchtitan's ep, where trainfit runs DeepEP at --tp 1)."""
+    return setup.ep * setup.expert_tp
+
+
 def _ceil(n: int, m: int) -> int:
     return -(-n // m) * m
 

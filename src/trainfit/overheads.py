@@ -162,7 +162,7 @@ def overheads(gpu: GPU | None, setup, spec=None) -> dict[str, int]:
 
 def deepep_bytes(spec, setup, gpu: GPU) -> int:
     """One rank's DeepEP buffers where `setup` dispatches with DeepEP over more than one rank (0 elsewhere;
-    deepep_buffers): over the group its rules check (setup/rules.py: ep × expert TP), on the dispatcher's SMs
+    deepep_buffers): over its group (deepep_buffers.group), on the dispatcher's SMs
     (--moe-dispatcher-sms, else the stack's: parallel/expert.exchange_sms), for the model's hidden size in the step's
     activation dtype, at least 2 bytes."""
     if setup.moe_dispatcher != deepep_buffers.DISPATCHER or setup.ep <= 1:
@@ -173,7 +173,7 @@ def deepep_bytes(spec, setup, gpu: GPU) -> int:
     from .analytic.precision import state_bytes
 
     hidden_bytes = spec.hidden * max(int(state_bytes(setup).act), 2)
-    return deepep_buffers.buffer_bytes(hidden_bytes, setup.ep * setup.expert_tp, exchange_sms(setup, gpu))
+    return deepep_buffers.buffer_bytes(hidden_bytes, deepep_buffers.group(setup), exchange_sms(setup, gpu))
 
 
 def fixed_bytes(gpu: GPU | None, setup, spec=None) -> int:

@@ -364,7 +364,7 @@ def _check_dispatcher(setup: Setup) -> None:
         raise SetupError(f"--moe-dispatcher {setup.moe_dispatcher} sends tokens to experts on other expert-parallel "
                          "ranks: it needs --ep > 1")
     if setup.moe_dispatcher == "deepep" and setup.ep > 1:
-        group, runs = setup.ep * setup.expert_tp, deepep_buffers.groups()
+        group, runs = deepep_buffers.group(setup), deepep_buffers.groups()
         if group not in runs:
             what = f"--ep {setup.ep}" + (f" × --etp {setup.expert_tp} = {group}" if setup.expert_tp > 1 else "")
             raise SetupError(f"--moe-dispatcher deepep over {what} ranks: DeepEP runs groups of "
