@@ -7,8 +7,8 @@
   beside it; it is not one of the model's tensors, so the engines' peak leaves it out.
 - `overheads`: memory beside the allocator — the CUDA context (driver state and lazily loaded kernels), NCCL's
   buffers, one set per communicator the stack creates (`communicators`), sized by the GPU's interconnect
-  (nccl_buffers), SGLang's custom all-reduce buffers (`custom_allreduce_bytes`) and DeepEP's buffers under
-  --moe-dispatcher deepep (deepep_buffers: sized by the model, so these take its spec).
+  (nccl_buffers), SGLang's custom all-reduce buffers (`custom_allreduce_bytes`) and DeepEP's or HybridEP's buffers
+  under --moe-dispatcher deepep / hybridep (`dispatcher_buffers`: sized by the model, so these take its spec).
 
 Both are fixed (fixed_bytes): the fit rule (analytic/fit_rule.py) takes them off the GPU's memory to get the
 capacity the step's tensors may use. Reserved is what an unconstrained run caches, not what it needs: the
@@ -18,9 +18,10 @@ Every figure is a data entry with its source and the versions it holds for (data
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
-from . import deepep_buffers, nccl_buffers, serving_versions
+from . import deepep_buffers, hybridep_buffers, nccl_buffers, serving_versions
 from .alloc.caching_allocator import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_SMALL_BUFFER, K_SMALL_SIZE, \
     allocation_size, round_size
 from .alloc.config import AllocConf
@@ -137,13 +138,13 @@ def allocator_held(gpu: GPU | None, setup) -> dict[str, int]:
 
 
 # the MoE dispatchers holding buffers of their own beside the allocator (the only overheads a dispatcher changes)
-OWN_BUFFERS = (deepep_buffers.DISPATCHER,)
+OWN_BUFFERS = (deepep_buffers.DISPATCHER, hybridep_buffers.DISPATCHER)
 
 
 def overheads(gpu: GPU | None, setup, spec=None) -> dict[str, int]:
     """Memory beside the caching allocator that nvidia-smi counts: name -> bytes (empty without a GPU). The context is
     the one after a step, except under a serving engine, which sizes its pool before any step. `spec`: the model,
-    which sizes DeepEP's buffers (needed under --moe-dispatcher deepep)."""
+    which sizes the dispatcher's buffers (needed under --moe-dispatcher deepep / hybridep: dispatcher_buffers)."""
     if gpu is None or setup.device != "cuda":
         return {}
     out = {"cuda_context": cuda_context(gpu, after_step=getattr(setup, "mode", "train") != "serve")}
@@ -154,26 +155,35 @@ def overheads(gpu: GPU | None, setup, spec=None) -> dict[str, int]:
     car = custom_allreduce_bytes(gpu, setup)
     if car:
         out["custom_allreduce"] = car
-    deepep = deepep_bytes(spec, setup, gpu)
-    if deepep:
-        out["deepep_buffers"] = deepep
+    out.update(dispatcher_buffers(spec, setup, gpu))
     return out
 
 
-def deepep_bytes(spec, setup, gpu: GPU) -> int:
-    """One rank's DeepEP buffers where `setup` dispatches with DeepEP over more than one rank (0 elsewhere;
-    deepep_buffers): over its group (deepep_buffers.group), on the dispatcher's SMs
-    (--moe-dispatcher-sms, else the stack's: parallel/expert.exchange_sms), for the model's hidden size in the step's
-    activation dtype, at least 2 bytes."""
-    if setup.moe_dispatcher != deepep_buffers.DISPATCHER or setup.ep <= 1:
-        return 0
+def dispatcher_buffers(spec, setup, gpu: GPU) -> dict[str, int]:
+    """One rank's buffers of the MoE dispatcher where `setup` dispatches over more than one rank with one that holds
+    its own (OWN_BUFFERS; empty elsewhere): "deepep_buffers" (deepep_buffers: on the dispatcher's SMs, --moe-
+    dispatcher-sms else the stack's, parallel/expert.exchange_sms; tokens of the model's hidden size in the step's
+    activation dtype, at least 2 bytes) or "hybridep_buffers" (hybridep_buffers: the rank's tokens at the dispatcher,
+    parallel/expert.local_tokens; its local experts; the group's ranks in its NVLink domain). Both over the group
+    deepep_buffers.group names (megatron-core builds both over its flex dispatcher's tp × ep group)."""
+    how = setup.moe_dispatcher
+    if how not in OWN_BUFFERS or setup.ep <= 1:
+        return {}
     if spec is None:
-        raise TypeError("DeepEP's buffers are sized by the model's hidden size: pass the model spec")
-    from .analytic.parallel.expert import exchange_sms
+        raise TypeError(f"{how}'s buffers are sized by the model's hidden size: pass the model spec")
+    from .analytic.parallel.collectives import ranks_per_node
+    from .analytic.parallel.expert import exchange_sms, local_tokens
+    from .analytic.long_context import rank_tokens
     from .analytic.precision import state_bytes
 
-    hidden_bytes = spec.hidden * max(int(state_bytes(setup).act), 2)
-    return deepep_buffers.buffer_bytes(hidden_bytes, deepep_buffers.group(setup), exchange_sms(setup, gpu))
+    ranks = deepep_buffers.group(setup)
+    if how == deepep_buffers.DISPATCHER:
+        hidden_bytes = spec.hidden * max(int(state_bytes(setup).act), 2)
+        return {"deepep_buffers": deepep_buffers.buffer_bytes(hidden_bytes, ranks, exchange_sms(setup, gpu))}
+    tokens = math.ceil(local_tokens(setup, rank_tokens(setup)))
+    per_domain = ranks_per_node(1, ranks, gpu.gpus_per_node)
+    experts = max(1, spec.moe.num_experts // setup.ep)
+    return {"hybridep_buffers": hybridep_buffers.buffer_bytes(spec.hidden, tokens, experts, per_domain, ranks)}
 
 
 def fixed_bytes(gpu: GPU | None, setup, spec=None) -> int:

@@ -1,7 +1,7 @@
 """The planner judges a group's memory once for all its TIMED settings (plan/space.py: the MoE dispatcher,
 --overlap-moe-comm), keyed by analytic.memory.memory_key: train_memory and the fit rule's required bytes run afresh
-under each value of NOT_IN_MEMORY give the same bytes, and the capacity differs by DeepEP's own buffers alone (the
-planner's capacity classes: plan/search.py _capacity_classes). Fast (no torch)."""
+under each value of NOT_IN_MEMORY give the same bytes, and the capacity differs by the dispatcher's own buffers alone
+(overheads.OWN_BUFFERS: the planner judges those setups again before it times them). Fast (no torch)."""
 from __future__ import annotations
 
 from trainfit.analytic.fit_rule import capacity, required
@@ -9,7 +9,7 @@ from trainfit.analytic.memory import NOT_IN_MEMORY, memory_key, train_memory
 from trainfit.analytic.params import count_params
 from trainfit.api import load_spec
 from trainfit.hardware import get_gpu
-from trainfit.overheads import overheads
+from trainfit.overheads import OWN_BUFFERS, overheads
 from trainfit.plan.search import planned_setup
 from trainfit.plan.space import TIMED
 
@@ -37,9 +37,11 @@ def test_memory_is_the_same_under_every_dispatcher_and_schedule():
             assert all(getattr(key, k) == v for k, v in NOT_IN_MEMORY) and key != s or (how, overlap) == (None, False)
             m = train_memory(spec, s, pc)
             seen.add((m.peak, m.phases["backward"], required(spec, s, m, pc)))
-            # the capacity: DeepEP's buffers beside the allocator are the only difference (tests/test_deepep_buffers.py)
-            caps.add(capacity(gpu, s, 0, spec) + overheads(gpu, s, spec).get("deepep_buffers", 0))
-            assert ("deepep_buffers" in overheads(gpu, s, spec)) == (how == "deepep")
+            # the capacity: the dispatcher's buffers beside the allocator are the only difference
+            # (tests/test_dispatcher_buffers.py)
+            own = overheads(gpu, s, spec)
+            caps.add(capacity(gpu, s, 0, spec) + own.get("deepep_buffers", 0) + own.get("hybridep_buffers", 0))
+            assert {k for k in own if k.endswith("ep_buffers")} == ({f"{how}_buffers"} if how in OWN_BUFFERS else set())
         assert len(seen) == 1 and len(caps) == 1, (lay, seen, caps)
     # torchtitan's DeepEP backend: its memory counted as its all-to-all's (parallel/expert_memory.py NB)
     spec = load_spec("deepseek-v2-lite")

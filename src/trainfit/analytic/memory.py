@@ -125,10 +125,9 @@ def stage_saved_floors(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = N
 # the expert exchanges are timed (parallel/expert.py), not what a rank holds (the busiest rank's tokens:
 # moe_imbalance.py, whatever moves them). NB: Megatron's allgather dispatcher gathers the tp x ep group's tokens
 # before it keeps its experts' (token_dispatcher.py MoEAllGatherTokenDispatcher), a transient not counted: errs low
-# there; DeepEP's communication buffers are allocated outside PyTorch's allocator: a fixed overhead (overheads.
-# overheads, deepep_buffers; HybridEP's are not counted: errs low there); torchtitan's DeepEP path holds fewer
-# routed rows than its all-to-all, counted as the all-to-all's (errs high there: parallel/expert_memory.py
-# dispatch_bytes).
+# there; DeepEP's and HybridEP's communication buffers are allocated outside PyTorch's allocator: overheads beside
+# it (overheads.dispatcher_buffers); torchtitan's DeepEP path holds fewer routed rows than its all-to-all, counted as
+# the all-to-all's (errs high there: parallel/expert_memory.py dispatch_bytes).
 # The planner's memory oracle keys on memory_key (tests/analytic/test_memory_key.py runs train_memory at every value).
 NOT_IN_MEMORY = (("moe_dispatcher", None), ("moe_dispatcher_sms", None), ("overlap_moe_comm", False))
 

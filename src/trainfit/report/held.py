@@ -39,13 +39,15 @@ def verdict_word(judged, mode: str) -> str:
 
 def overhead_label(name: str) -> str:
     """A Memory.overheads key (overheads.overheads: "cuda_context", "nccl_<process group>", "custom_allreduce",
-    "deepep_buffers") as a row label."""
+    "deepep_buffers", "hybridep_buffers") as a row label."""
     if name == "cuda_context":
         return "CUDA context"
     if name == "custom_allreduce":
         return "SGLang custom all-reduce buffers"
     if name == "deepep_buffers":
         return "DeepEP buffers (NVLink, workspace, RDMA heap)"
+    if name == "hybridep_buffers":
+        return "HybridEP buffers (NVLink, RDMA)"
     if name.startswith("nccl_"):
         return f"NCCL buffers ({name[len('nccl_'):]} group)"
     return name.replace("_", " ")

@@ -118,12 +118,18 @@ def split_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, held: float, la
     return held - routed / setup.tp, routed / (setup.ep * setup.expert_tp)
 
 
+def local_tokens(setup: Setup, tokens: float) -> float:
+    """The tokens a rank's dispatcher sends of the `tokens` its micro-batch has on the rank (long_context.
+    rank_tokens): 1/tp of them under sequence parallelism."""
+    return tokens / (setup.tp if setup.sequence_parallel else 1)
+
+
 def exchange_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, act_bytes: float,
                      load: float = 1.0) -> float:
     """One dispatch (or combine) of one MoE layer for `tokens` on the rank (1/t of them each under sequence
     parallelism), by --moe-dispatcher, the busiest rank receiving `load` times the mean copies (module doc)."""
     e, etp, m = setup.ep, setup.expert_tp, spec.moe
-    local = tokens / (setup.tp if setup.sequence_parallel else 1)
+    local = local_tokens(setup, tokens)
     token_bytes = spec.hidden * act_bytes
     how = setup.moe_dispatcher or "alltoall"
     if how == "allgather":
