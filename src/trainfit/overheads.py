@@ -174,6 +174,7 @@ def dispatcher_buffers(spec, setup, gpu: GPU) -> dict[str, int]:
     from .analytic.parallel.collectives import ranks_per_node
     from .analytic.parallel.expert import exchange_sms, local_tokens
     from .analytic.long_context import rank_tokens
+    from .analytic.params import local_experts
     from .analytic.precision import state_bytes
 
     ranks = deepep_buffers.group(setup)
@@ -182,7 +183,7 @@ def dispatcher_buffers(spec, setup, gpu: GPU) -> dict[str, int]:
         return {"deepep_buffers": deepep_buffers.buffer_bytes(hidden_bytes, ranks, exchange_sms(setup, gpu))}
     tokens = math.ceil(local_tokens(setup, rank_tokens(setup)))
     per_domain = ranks_per_node(1, ranks, gpu.gpus_per_node)
-    experts = max(1, spec.moe.num_experts // setup.ep)
+    experts = local_experts(spec, setup)
     return {"hybridep_buffers": hybridep_buffers.buffer_bytes(spec.hidden, tokens, experts, per_domain, ranks)}
 
 

@@ -181,6 +181,11 @@ def audio_frontend_params(spec: ModelSpec) -> int:
     return (m * h * 3 + h + h * h * 3 + h) if m else 0
 
 
+def local_experts(spec: ModelSpec, setup) -> int:
+    """The routed experts a rank holds: E / ep (0 without experts)."""
+    return max(1, spec.moe.num_experts // getattr(setup, "ep", 1)) if spec.moe is not None else 0
+
+
 def count_params(spec: ModelSpec) -> ParamCounts:
     h = spec.hidden
     # Token embedding: HF nn.Embedding(vocab, hidden) (OPT: vocab x word_embed_proj_dim).

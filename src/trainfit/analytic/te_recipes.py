@@ -40,6 +40,7 @@ from ..low_precision import recipe
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import attention_linear_params
+from .params import local_experts
 from .parallel.pipeline import Stage
 
 FP32 = 4
@@ -99,10 +100,6 @@ def weight_copies(setup: Setup) -> int:
     if setup.zero >= 3 and setup.fp8_all_gather and r is not None and r.scale == "tensor":
         return 1
     return COPIES
-
-
-def local_experts(spec: ModelSpec, setup: Setup) -> int:
-    return max(1, spec.moe.num_experts // setup.ep) if spec.moe is not None else 0
 
 
 def weight_bytes(spec: ModelSpec, setup: Setup, stage: Stage, moe_share: float) -> float:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from ..setup import Setup
 from ..spec import ModelSpec
 from .moe_imbalance import busiest_rank_load
+from .params import local_experts
 from .precision import state_bytes
 
 FP32 = 4
@@ -41,11 +42,6 @@ ALIGN = 8  # TOKEN_GROUP_ALIGN_SIZE_M, bf16's (models/moe/utils.py:12)
 def block_on(setup: Setup) -> bool:
     """Whether the stack's sparse block is torchtitan's MoE module (stacks/*.toml [moe] block)."""
     return setup.stack_facts.facts.get("moe", {}).get("block") == "torchtitan-moe"
-
-
-def local_experts(spec: ModelSpec, setup: Setup) -> int:
-    """The experts a rank holds: E / ep."""
-    return max(1, spec.moe.num_experts // getattr(setup, "ep", 1))
 
 
 def row_bytes(spec: ModelSpec, st) -> float:
