@@ -104,7 +104,8 @@ def test_the_estimate_takes_hybrideps_for_the_rank_tokens_at_the_dispatcher():
     8 (EP 4, expert TP 2: Megatron's default, the TP), 32 experts a rank: 2,048 × 8 × (4,096 + 32 × 8 × 4 + 64) =
     84,934,656 + 2 × 32 × 8 × 4 bytes of flags."""
     gpu, spec = get_gpu("H100-80GB"), load_spec("qwen3-30b-a3b")
-    base = dict(seq=4096, stack="megatron", precision="bf16-master", zero=1, recompute="full", moe_dispatcher="hybridep")
+    base = dict(seq=4096, stack="megatron", precision="bf16-master", zero=1, recompute="full",
+                moe_dispatcher="hybridep")
     one = estimate(spec, planned_setup(spec, dp=8, ep=8, **base), gpu)
     assert one.memory.overheads["hybridep_buffers"] == 153_092_096 + 4096
     assert "deepep_buffers" not in one.memory.overheads
