@@ -65,12 +65,13 @@ class PeakOracle:
         got = self._memo[key] = required(self.spec, setup, max(stages, key=lambda m: m.peak), self.pc)
         return got <= capacity
 
-    def capacity(self, gpu, setup: Setup, reserve: int, key: tuple | None = None) -> int:
-        """fit_rule.capacity (the GPU less --reserve and the setup's fixed overheads), memoised on the memory's key
-        (the overheads are memory, which the settings memory never reads do not change), or on the caller's `key`
+    def capacity(self, gpu, setup: Setup, reserve: int, key: tuple) -> int:
+        """fit_rule.capacity (the GPU less --reserve and the setup's fixed overheads), memoised on the caller's `key`
         for the setups that differ only in their recompute policy and modules, which no overhead reads (the
-        context, the cuBLAS workspace, the communicators: overheads.fixed_bytes)."""
-        key = (gpu, memory_key(setup) if key is None else key, reserve)
+        context, the cuBLAS workspace, the communicators: overheads.fixed_bytes). Not on memory_key: a dispatcher's
+        own buffers (overheads.OWN_BUFFERS) are overheads the memory never reads; the search judges those setups
+        again at their own capacity before it times them (plan/search.py _time_best_first)."""
+        key = (gpu, key, reserve)
         got = self._capacity.get(key)
         if got is None:
             got = self._capacity[key] = capacity(gpu, setup, reserve, self.spec)
