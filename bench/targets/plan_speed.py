@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> None:
             "builds a group), "
             "each either excluded by its group's memory (its room: each stage's states and saved layers alone, no "
             "engine call; or the largest-fitting micro-batch bound), skipped by an exact throughput bound (`bounded`: "
-            "step_time.layer_floor for a group, step_floor for a split: it cannot enter the ranking; a group's memory is "
-            "judged only when the search takes it, so `bounded` counts many that would not fit) or timed; `engine "
-            "calls` = analytic memory evaluations (a setup that does not fit usually costs one pipeline stage), one set "
+            "step_time.layer_floor for a group, step_floor for a split: it cannot enter the ranking; a group's memory "
+            "is judged only when one of its splits is about to be timed, so `bounded` counts many that would not fit) "
+            "or timed; `engine calls` = analytic memory evaluations (a setup that does not fit usually costs one pipeline stage), one set "
             "per group judged for all its dispatchers; `layouts taken` = layouts whose groups were built (a search "
             "that judges its groups when taken enters each layout as one entry, bounded above all its groups: plan/"
             "search.py _layout_entry; a small one builds every group: -).", "",

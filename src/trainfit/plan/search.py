@@ -10,28 +10,28 @@ capacity(gpu, setup, --reserve)); the top plans' numbers are the analytic engine
 device total, headroom and fit.
 
 Cost: a large search (one that judges its groups when taken: Space.judge_first) enters each layout of a stack as one
-entry (LAYOUT: _layout_entry), bounded by the best bound any of its groups could have; the search taking it builds its
-groups then, so the groups of a layout the bound never reaches are never built (DeepSeek-V3 on 1,024 H100s: 699 of 2,036
-layouts taken, in one process). Every (layout, ZeRO, recompute, precision) group enters as one entry, bounded by the
-best of its (micro-batch, accumulation) splits' bounds from their layers alone (step_time.layer_floor: each stage's
-layers × one layer's forward and backward, the ends, the TP collectives and pipeline sends, bubble and stragglers, the
-op lists' times memoised whatever the pipeline; Floors.of_splits, shared by the layout's every group), at the splits its
-room allows: each pipeline stage's states plus b × its saved bytes must fit (PeakOracle.micro_batch_room, memory.
-stage_saved_floors; no engine call), and a group whose room allows none never enters. Groups are taken best bound
-first (_time_best_first): a group taken has its memory judged (fit.PeakOracle: the largest fitting micro-batch
-bounds all others, since the peak grows with the micro-batch; b = 1 and b = 2 bound it, two engine calls; a split
-between the two bounds is
-settled only where the search takes it: _Unsettled) and its splits that may fit entered, each bounded again by the
-exact bound on its throughput (step_time.step_floor: its compute and critical-path communication, the op lists'
-times memoised on what they read — compute_time._timed_layer: one layer's Shape, shared by every ZeRO stage,
-recompute policy and pipeline layout) and timed best bound first; a group or setup whose bound cannot reach its
-group's best or the --top fastest groups' is never judged or timed: the plans returned are those of timing every
-one (tests/plan/test_search_exact.py). A selective group's splits start from the bound with nothing recomputed,
-which its layout's module sets share (Floors.below_every_policy), and get their own only when taken. The settings
-that change only the step time (space.TIMED: the MoE dispatcher, --overlap-moe-comm) are searched inside each
-group, its memory judged once for all of them at the defaults' capacity (a dispatcher's own buffers beside the
-allocator, overheads.OWN_BUFFERS, leave less: each of its setups judged again when timed). Only the top plans get a
-full estimate.
+entry (LAYOUT: _layout_entry), bounded by the best bound any of its groups could have; the search taking it builds
+its groups then, so the groups of a layout the bound never reaches are never built (DeepSeek-V3 on 1,024 H100s: 782
+of 2,036 layouts taken, in one process). Every (layout, ZeRO, recompute, precision) group enters as one entry,
+bounded by the best of its (micro-batch, accumulation) splits' bounds from their layers alone
+(step_time.layer_floor: each stage's layers × one layer's forward and backward, the ends, the TP collectives and
+pipeline sends, bubble and stragglers, the op lists' times memoised whatever the pipeline; Floors.of_splits, shared
+by the layout's every group), at the splits its room allows: each pipeline stage's states plus b × its saved bytes
+must fit (PeakOracle.micro_batch_room, memory.stage_saved_floors; no engine call), and a group whose room allows
+none never enters. Groups are taken best bound first (_time_best_first): a group taken has its splits entered, each
+bounded again by the exact bound on its throughput (step_time.step_floor: its compute and critical-path
+communication, the op lists' times memoised on what they read — compute_time._timed_layer: one layer's Shape, shared
+by every ZeRO stage, recompute policy and pipeline layout) and timed best bound first; a group or setup whose bound
+cannot reach its group's best or the --top fastest groups' is never judged or timed: the plans returned are those of
+timing every one (tests/plan/test_search_exact.py). A group's memory is judged only when one of its splits is about
+to be timed (fit.PeakOracle: the largest fitting micro-batch bounds all others, since the peak grows with the
+micro-batch; b = 1 and b = 2 bound it, two engine calls; a split between the two bounds is settled when it is the
+one: _Unsettled), so the groups whose splits are all bounded out first cost no engine call. A selective group's splits
+start from the bound with nothing recomputed, which its layout's module sets share (Floors.below_every_policy), and
+get their own only when taken. The settings that change only the step time (space.TIMED: the MoE dispatcher,
+--overlap-moe-comm) are searched inside each group, its memory judged once for all of them at the defaults' capacity
+(a dispatcher's own buffers beside the allocator, overheads.OWN_BUFFERS, leave less: each of its setups judged again
+when timed). Only the top plans get a full estimate.
 """
 from __future__ import annotations
 
@@ -565,11 +565,12 @@ def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
     cap = oracle.capacity(gpu, base, reserve_bytes(q.reserve), key=family)
     # Memory depends on the accumulation only through "more than one micro-batch" (earlier micro-batches'
     # gradients stay live) and the 1F1B depth min(pp, accum) = pp; so two largest batches cover every split.
-    # The largest micro-batch that fits is judged when the search first takes one of the group's splits (_Unsettled:
-    # two engine calls bound it, lo fits and hi is the secant's; a split between them is settled when taken,
-    # _time_best_first); a split the search never takes costs none. A split for which any pipeline stage's states
-    # and saved bytes alone outgrow the capacity cannot fit: the group's room (PeakOracle.micro_batch_room, no engine
-    # call; the states read no recompute policy, the saved bytes no ZeRO stage) caps the micro-batch first.
+    # The largest micro-batch that fits is judged when one of the group's splits is first about to be timed
+    # (_Unsettled: two engine calls bound it, lo fits and hi is the secant's; a split between them is settled when
+    # timed, _time_best_first); a group none of whose splits is timed costs none. A split for which any pipeline
+    # stage's states and saved bytes alone outgrow the capacity cannot fit: the group's room (PeakOracle.
+    # micro_batch_room, no engine call; the states read no recompute policy, the saved bytes no ZeRO stage) caps the
+    # micro-batch first.
     room = oracle.micro_batch_room(base, cap, family, saved_key)
     spans: dict[bool, _Unsettled] = {}
     verdict = _Group(stats)
@@ -614,19 +615,27 @@ def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
     if not kept:  # every setup of the group, whatever its TIMED assignment (memory never reads them: memory_key)
         verdict.judged(False)
         return
-    bases = [((), base)]  # (the assignment, its setup): the defaults first, the others as the stack's rules take them
+    bounded = floors.of_splits(base, state_bytes(base), kept, rerun=True)
+    key = (lay, zero, rec, prec, stack, modules, tuple(sorted((extra or {}).items())), level)
+    neg, b, accum, _ = min(bounded)
+    # (its TIMED assignments' setups are built when it is taken: _assignments; until then its one setup stands for
+    # them all, which its bound and its memory never tell apart)
+    fitting.append(_Entry(neg, len(fitting), key, b, accum, GROUP, (((), base),),
+                          pending=_Pending(bounded, span, (spec, timed), allowed, counted)))
+
+
+def _assignments(spec: ModelSpec, base: Setup, timed: list[dict], stats: dict) -> tuple:
+    """(assignment, setup) of each of a group's TIMED assignments `timed` that the stack's rules take, the defaults
+    first (`base`); those refused counted in stats["stack_refused"]."""
+    out = [((), base)]
     for v in timed[1:]:
         try:
             variant = base.with_exchange(**v)
             check_stack_model(spec, variant)  # (and the stack's rules on the model: Megatron's overlap beside MTP)
-            bases.append((tuple(sorted(v.items())), variant))
+            out.append((tuple(sorted(v.items())), variant))
         except SetupError:  # e.g. Megatron's --overlap-moe-comm under full recompute (stacks/megatron.py)
             stats["stack_refused"] = stats.get("stack_refused", 0) + 1
-    bounded = floors.of_splits(base, state_bytes(base), kept, rerun=True)
-    key = (lay, zero, rec, prec, stack, modules, tuple(sorted((extra or {}).items())), level)
-    neg, b, accum, _ = min(bounded)
-    fitting.append(_Entry(neg, len(fitting), key, b, accum, GROUP, tuple(bases),
-                          pending=_Pending(bounded, span, _start(base, len(bases)), allowed, counted)))
+    return tuple(out)
 
 
 def _not_modelled(stats: dict, e: NotModelledError, setups: int) -> None:
@@ -837,6 +846,13 @@ class _Unsettled:
     def fits(self, b: int) -> bool:
         return b <= self.lo or (b <= self.hi and b <= self.largest())
 
+    def settled(self, b: int) -> bool | None:
+        """Whether micro-batch `b` fits, where it is known without an engine call (the probe judged, b at or below
+        its lo or above its hi); None where it is not."""
+        if self._bounds is None:
+            return None
+        return True if b <= self._bounds[0] else False if b > self._bounds[1] else None
+
 
 class _Group:
     """A group's memory verdict, counted into the search's stats as the search finds it: `memory_judged` (groups
@@ -894,37 +910,40 @@ class _Entry(NamedTuple):
 class _Pending:
     """A group's splits not yet entered: (negated bound, micro-batch, accumulation, whether from the layers) of
     each (Floors.of_splits: its entry starts at LAYERS, else at COARSE), with the group's memory probes (`span`) and
-    the level its own floors start from (_start)."""
+    its (model, TIMED assignments), whose setups are built when it is taken (_assignments)."""
 
-    __slots__ = ("splits", "span", "start", "allowed", "counted")
+    __slots__ = ("splits", "span", "timed", "allowed", "counted")
 
-    def __init__(self, splits: list, span: Callable[[bool], _Unsettled], start: int,
+    def __init__(self, splits: list, span: Callable[[bool], _Unsettled], timed: tuple,
                  allowed: Callable[[], set[int]] | None = None, counted: int | None = None):
-        self.splits, self.span, self.start, self.allowed, self.counted = splits, span, start, allowed, counted
+        self.splits, self.span, self.timed, self.allowed, self.counted = splits, span, timed, allowed, counted
 
     def count(self, e: "_Entry") -> int:
         """The setups of the group entry `e`: its splits (`counted`, as `searched` counts them, where its splits are
-        the candidates of a group judged when taken) × its TIMED assignments."""
-        return len(e.variants) * (len(self.splits) if self.counted is None else self.counted)
+        the candidates of a group judged when taken) × its TIMED assignments (those the stack's rules would refuse
+        too: they are judged when it is taken)."""
+        return len(self.timed[1]) * (len(self.splits) if self.counted is None else self.counted)
 
     def entries(self, e: "_Entry", stats: dict) -> list["_Entry"]:
-        """The group entry `e`'s splits that its memory does not rule out (its probes judged now: two engine calls
-        each), as entries of their own: the fit of a split above the probe's known fit is settled when taken."""
+        """The group entry `e`'s splits that its memory does not rule out (judged when first needed: a split above
+        its probe's known fit is settled when taken), as entries of their own, each with the group's TIMED
+        assignments the stack's rules take, and starting at LAYERS or COARSE, its own floors from _start's level."""
         out = []
-        variants = e.variants
+        variants = _assignments(self.timed[0], e.variants[0][1], self.timed[1], stats)
+        start = _start(variants[0][1], len(variants))
         keep = self.allowed() if self.allowed is not None else None  # (its memory judged now: _search_group)
         for neg, b, accum, layers in self.splits:
             if keep is not None and b not in keep:
                 continue
             level = LAYERS if layers else COARSE
             probe = self.span(accum > 1)
-            if b > probe.hi:
+            if probe.settled(b) is False:
                 stats["memory_rejected_splits"] = stats.get("memory_rejected_splits", 0) + len(variants)
                 continue
             first = variants[0][1].with_micro_batches(b, accum)
             out.append(_Entry(neg, 0, e.key, b, accum, level,
-                              ((variants[0][0], first),) if self.start == EXACT and level != COARSE else variants,
-                              None if b <= probe.lo else probe))
+                              ((variants[0][0], first),) if start == EXACT and level != COARSE else variants,
+                              None if probe.settled(b) else probe))
         return out
 
 
@@ -1015,7 +1034,8 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
             continue
         cancel.check()
         # the estimate's step time (NB: without paged optimizer states' migration, which the estimate adds where the
-        # device cannot hold them all: rank optimistic for a paged optimizer on a full GPU; the plan shows the estimate's)
+        # device cannot hold them all: rank optimistic for a paged optimizer on a full GPU; the plan shows the
+        # estimate's)
         tm = layout_step_time(oracle.spec, setup, gpu, q.efficiency, oracle.pc)
         stats["timed"] += 1
         lay, zero, rec, prec, stack, modules, extra, _ = key
