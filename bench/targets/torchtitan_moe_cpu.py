@@ -2,8 +2,9 @@
 
     python -m bench run torchtitan_moe_cpu [--out bench/results/torchtitan_moe_cpu.md]
 
-torchtitan's qwen3, deepseek_v3 and llama4 Transformers with its own MoE module (router, TokenReorderer, the padded
-grouped GEMMs, the bmm combine, shared experts), built from tiny configs by trainfit's measure engine
+torchtitan's qwen3, deepseek_v3, llama4 and gpt_oss Transformers with its own MoE module (router, TokenReorderer, the
+padded grouped GEMMs, the bmm combine, shared experts; gpt_oss's biased experts and clamped SwiGLU, its flex attention
+with sinks: on CPU a stand-in saving what flex attention saves), built from tiny configs by trainfit's measure engine
 (trainfit/step/torchtitan_moe.py), one process, every recompute policy torchtitan runs × fp32 / amp-bf16 / bf16. The
 real peak is read from c10's allocation records (trainfit/measure/cpu_peak.py); the analytic engine predicts it with
 analytic/torchtitan_moe.py. The rows with dense layers beside the MoE ones (deepseek_v3's first, llama4's
@@ -27,8 +28,8 @@ import statistics
 from bench.data import results_dir
 from bench.figures import pct, record
 
-ABOUT = {"summary": "--stack torchtitan MoE (qwen3, deepseek_v3, llama4): analytic vs torchtitan's real MoE step, one "
-                    "process and two ranks with expert parallelism", "minutes": 5, "quick": None}
+ABOUT = {"summary": "--stack torchtitan MoE (qwen3, deepseek_v3, llama4, gpt_oss): analytic vs torchtitan's real MoE "
+                    "step, one process and two ranks with expert parallelism", "minutes": 5, "quick": None}
 
 POLICIES = ("none", "full", "op")
 PRECISIONS = ("fp32", "amp-bf16", "bf16")
@@ -41,7 +42,18 @@ def cases():
     return [("qwen3", spec("qwen3")), ("deepseek_v3", spec("deepseek_v3")),
             ("llama4", spec("llama4", interleave_moe_layer_step=1)),
             ("deepseek_v3, 1 dense + 2 MoE layers", spec("deepseek_v3", first_k_dense_replace=1, num_hidden_layers=3)),
-            ("llama4, dense and MoE layers alternating", spec("llama4"))]
+            ("llama4, dense and MoE layers alternating", spec("llama4")),
+            ("gpt_oss, window 32 < seq", spec("gpt_oss")),
+            ("gpt_oss, 4 layers, window 128 = seq", spec("gpt_oss", num_hidden_layers=4, sliding_window=128))]
+
+
+def precisions(sp) -> tuple:
+    """The precisions torchtitan trains the model in that trainfit models: gpt_oss's blocks are bf16 whatever
+    training.dtype (stacks/torchtitan.toml [moe_models] blocks_bf16), so bf16 only."""
+    from trainfit.stacks import get_stack
+
+    facts = get_stack("torchtitan").facts["moe_models"]
+    return ("bf16",) if facts["model"].get(sp.family) in facts["blocks_bf16"] else PRECISIONS
 
 
 def run() -> list[dict]:
@@ -51,7 +63,7 @@ def run() -> list[dict]:
 
     rows = []
     for label, sp in cases():
-        for precision in PRECISIONS:
+        for precision in precisions(sp):
             for recompute in POLICIES:
                 s = setup(precision=precision, recompute=recompute)
                 real = measure(sp, s, steps=0, warmup=1)

@@ -135,13 +135,14 @@ def test_torchtitan_config_file_not_found_is_one_line_and_exit_2(tmp_path, cli):
     assert code == 2 and err.startswith("error:") and "--job.config_file" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("name, flavor, words", [("gpt_oss", "120b", "--stack hf or megatron"),
-                                                 ("llama4", "17bx16e_irope", "iRoPE flavors")])
+@pytest.mark.parametrize("name, flavor, words", [("flux", "flux-dev", "--stack hf or megatron"),
+                                                 ("llama4", "17bx16e_irope", "iRoPE flavors"),
+                                                 ("gpt_oss", "debugmodel", "gpt_oss 120b, 20b")])
 def test_a_torchtitan_model_trainfit_does_not_build_is_named(tmp_path, cli, name, flavor, words):
-    """torchtitan 0.2.2's registry holds gpt_oss (models/__init__.py), which trainfit does not model on --stack
-    torchtitan, and llama4's iRoPE flavors (flex attention over block-causal chunks): the file's model is named with
-    what to use instead, in one line, exit 2 (before: "names no model: pass --model", and with --model the stack's
-    refusal of the architecture)."""
+    """torchtitan 0.2.2's registry holds flux (models/__init__.py), which trainfit does not model on --stack
+    torchtitan, llama4's iRoPE flavors (flex attention over block-causal chunks) and gpt_oss's debugmodel (a shape
+    no catalog model has): the file's model is named with what to use instead, in one line, exit 2 (before: "names
+    no model: pass --model", and with --model the stack's refusal of the architecture)."""
     pytest.importorskip("torchtitan")
     job = tmp_path / "job.toml"
     job.write_text(f'[model]\nname = "{name}"\nflavor = "{flavor}"\n[parallelism]\ndata_parallel_shard_degree = 8\n')
@@ -158,6 +159,28 @@ def test_a_torchtitan_llama4_job_reads_as_its_catalog_model(tmp_path):
                    '[parallelism]\ndata_parallel_shard_degree = 8\nexpert_parallel_degree = 8\n')
     s, (r,) = _setup([job], model=None)
     assert r.model == "llama-4-scout" and (s.stack, s.dp, s.ep, s.zero, s.seq) == ("torchtitan", 8, 8, 3, 8192)
+
+
+def test_a_torchtitan_gpt_oss_job_reads_as_its_catalog_model(tmp_path):
+    """torchtitan's gpt_oss 20b flavor is gpt-oss-20b's shape (models/gpt_oss/__init__.py:47-61, stacks/torchtitan.toml
+    [moe_models.gpt_oss]): a bf16 job reads as gpt-oss-20b with its expert parallelism."""
+    pytest.importorskip("torchtitan")
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "gpt_oss"\nflavor = "20b"\n[training]\nlocal_batch_size = 1\nseq_len = 4096\n'
+                   'dtype = "bfloat16"\n[parallelism]\ndata_parallel_shard_degree = 8\nexpert_parallel_degree = 8\n')
+    s, (r,) = _setup([job], model=None)
+    assert r.model == "gpt-oss-20b" and (s.stack, s.dp, s.ep, s.precision) == ("torchtitan", 8, 8, "bf16")
+
+
+def test_a_torchtitan_gpt_oss_job_in_fp32_master_weights_is_refused_in_one_line(tmp_path, cli):
+    """torchtitan's gpt_oss casts its blocks to bf16 whatever training.dtype (models/gpt_oss/model/model.py:339-342):
+    the default training.dtype float32 (bf16 blocks beside fp32 embeddings) is not modelled, said in one line with
+    what to use instead, exit 2."""
+    pytest.importorskip("torchtitan")
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "gpt_oss"\nflavor = "20b"\n[parallelism]\ndata_parallel_shard_degree = 8\n')
+    code, _, err = cli("check", str(job), "--gpu", "H100-80GB")
+    assert code == 2 and err.count("\n") == 1 and "--precision bf16" in err and "model.py:339-342" in err
 
 
 # accelerate config's own FSDP1 shape (`accelerate config` with FSDP, no fsdp_version) and the FSDP2 one

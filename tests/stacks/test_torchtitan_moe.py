@@ -20,6 +20,7 @@ except Exception as e:  # pragma: no cover - depends on the environment
                 allow_module_level=True)
 
 from trainfit.analytic import torchtitan_moe
+from trainfit.analytic.activations import cos_sin_bytes, layer_activations
 from trainfit.analytic.engine import estimate
 from trainfit.errors import EngineUnavailableError
 from trainfit.models.hf_config import as_built, spec_from_config
@@ -50,7 +51,15 @@ LLAMA4 = {"model_type": "llama4_text", "hidden_size": 64, "num_hidden_layers": 4
           "num_local_experts": 4, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
           "no_rope_layer_interval": 2, "attention_chunk_size": 16, "use_qk_norm": True, "vocab_size": 1000,
           "max_position_embeddings": 512}
-CONFIGS = {"qwen3": QWEN3_MOE, "deepseek_v3": DEEPSEEK, "llama4": LLAMA4}
+# gpt-oss (its attention with sinks and biases, a 32-token window on the even layers, biased experts with the clamped
+# SwiGLU, YaRN): torchtitan's gpt_oss builds it with the base MoE's router ([spec_as_built.gpt_oss])
+GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 32, "num_local_experts": 8,
+           "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "vocab_size": 512, "sliding_window": 32, "rope_theta": 150000, "rms_norm_eps": 1e-5,
+           "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                            "original_max_position_embeddings": 4096},
+           "max_position_embeddings": 131072, "tie_word_embeddings": False}
+CONFIGS = {"qwen3": QWEN3_MOE, "deepseek_v3": DEEPSEEK, "llama4": LLAMA4, "gpt_oss": GPT_OSS}
 B, S = 2, 128
 
 
@@ -252,6 +261,160 @@ def test_llama4_flavors_are_torchtitans_model():
                                       shape["moe_inter_dim"], shape["num_experts"], shape["top_k"]), flavor
     assert torchtitan_flavor(load_spec("llama-4-scout"))[:2] == ("llama4", "17bx16e")
     assert torchtitan_flavor(load_spec("llama-4-maverick"))[:2] == ("llama4", "17bx128e")
+
+
+def _block_saved_bytes(sp, s: Setup, name: str) -> int:
+    """Bytes of the distinct storages autograd saves inside the last block's `name` module during torchtitan's real
+    forward (parameters excluded), the CPU step's kernels in place (step/torchtitan_moe.py)."""
+    from trainfit.step import torchtitan as step
+
+    model = step.build(sp, s)
+    module = getattr(model.layers[str(sp.layers - 1)], name)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    inside, seen = [False], {}
+    module.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True))
+    module.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        if inside[0] and key not in params:
+            seen[key] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.randint(0, sp.vocab, (B, S))
+    with step.torchtitan_moe.cpu_kernels(model), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            step.amp_context(s, "cpu"):
+        model(x, **step.torchtitan_moe.forward_kwargs(model, x))
+    return sum(seen.values())
+
+
+def test_gpt_oss_blocks_save_what_torchtitans_modules_save():
+    """torchtitan's gpt_oss in bf16, against the storages autograd saves in its own modules:
+      * the MoE block (router, reorder, GptOssGroupedExperts' padded rows: x's copy, mlp1's biased 2·I output, the
+        clamped SwiGLU's four I-wide products and its output, the int32 and the two int64 row indices; the bmm
+        combine): exact but for the bias indices, which run over the aligned rows (Σ round_up(n_e, 8), routing-
+        dependent) where the analytic counts all padded rows: at most 8 rows per expert, 16 bytes a row;
+      * the attention (flex: q, k, v, output, fp32 log2 lse; the sink scale's fp32 sigmoid and its bf16 cast; wo's
+        copy; the rotary's cos and sin; the wq/wk/wv input): exact."""
+    s = setup(precision="bf16")
+    sp = as_built(spec("gpt_oss"), s)
+    per_token, fixed = torchtitan_moe.moe_block(sp, s)
+    moe = (per_token["linear_inputs"] + per_token["mlp"]) * B * S + fixed
+    real = _block_saved_bytes(sp, s, "moe")
+    local = sp.moe.num_experts
+    assert 0 <= moe - real <= 16 * 8 * local
+    la = layer_activations(sp, s, moe=True)
+    attention = (la.terms["attention"] + la.terms["linear_inputs"] / 2) * B * S + cos_sin_bytes(sp, s, 2)
+    assert attention == _block_saved_bytes(sp, s, "attention")
+    assert la.per_token_key == 0  # flex attention keeps no s x s tensor, the window in its block mask
+
+
+def test_gpt_oss_parameters_are_torchtitans():
+    """The analytic parameter count against the numel of torchtitan's own GptOssModel (meta device) for the tiny
+    config and both flavors' shapes (biases on wq/wk/wv/wo, the router and the experts; sinks; untied output)."""
+    from torchtitan.models.gpt_oss import GptOssModel, gptoss_configs
+
+    from trainfit.analytic.params import count_params
+    from trainfit.api import load_spec
+    from trainfit.step.torchtitan_moe import model_and_args
+
+    s = setup(precision="bf16")
+    sp = as_built(spec("gpt_oss"), s)
+    cls, args = model_and_args(sp, s)
+    with torch.device("meta"):
+        assert count_params(sp).total == sum(p.numel() for p in cls(args).parameters())
+    for name, flavor in (("gpt-oss-20b", "20b"), ("gpt-oss-120b", "120b")):
+        with torch.device("meta"):
+            real = sum(p.numel() for p in GptOssModel(gptoss_configs[flavor]).parameters())
+        assert count_params(as_built(load_spec(name), s)).total == real, name
+
+
+def test_cpu_flex_attention_is_flex_attentions_math():
+    """The CPU stand-in for flex attention (step/torchtitan_moe.py) against the attention it replaces, written out
+    densely: softmax(q·kᵀ·scale masked by torchtitan's sliding-window mask_mod) · v and its logsumexp, with GQA, and
+    the gradients of both through gpt_oss's sink rescale (autograd over the dense form)."""
+    from torchtitan.models.attention import get_sliding_window_mask_mod
+
+    from trainfit.step.torchtitan_moe import cpu_flex_attention
+
+    class Mask:  # what cpu_flex_attention reads of a BlockMask
+        mask_mod = staticmethod(get_sliding_window_mask_mod(5))
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, h, 40, 8, requires_grad=True) for h in (4, 2, 2))  # (the stand-in works in fp32)
+    sinks = torch.randn(4)
+
+    def rescaled(out, lse):
+        return (out * torch.sigmoid(lse - sinks.view(1, -1, 1)).unsqueeze(-1)).sum()
+
+    out, lse = cpu_flex_attention(q, k, v, block_mask=Mask, scale=0.3, return_lse=True, enable_gqa=True)
+    i = torch.arange(40)
+    keep = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < 5)
+    scores = (q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.3).masked_fill(~keep, float("-inf"))
+    ref_lse = scores.logsumexp(-1)
+    ref = torch.softmax(scores, -1) @ v.repeat_interleave(2, 1)
+    assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(lse, ref_lse, atol=1e-5)
+    grads = torch.autograd.grad(rescaled(out, lse), (q, k, v))
+    ref_grads = torch.autograd.grad(rescaled(ref, ref_lse), (q, k, v))
+    assert all(torch.allclose(g, r, atol=1e-5) for g, r in zip(grads, ref_grads))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recompute", ["none", "full", "op"])
+@pytest.mark.parametrize("changes", [{}, {"num_hidden_layers": 4, "sliding_window": 128}])
+def test_analytic_peak_matches_torchtitans_real_gpt_oss_step(recompute, changes):
+    """torchtitan's gpt_oss, bf16 (the precision it trains its blocks in), each recompute policy, a window shorter
+    than the sequence and one as long: the analytic peak against the measure engine's real CPU step."""
+    from trainfit.measure import measure
+
+    sp, s = spec("gpt_oss", **changes), setup(precision="bf16", recompute=recompute)
+    real = measure(sp, s, steps=0, warmup=1)
+    est = estimate(sp, s)
+    err = (est.memory.peak - real.peak) / real.peak
+    assert abs(err) <= 0.005, f"analytic {est.memory.peak:.0f} vs real {real.peak} ({err:+.3%})"
+
+
+@pytest.mark.parametrize("argv, words", [(["--precision", "amp-bf16"], "use --precision bf16"),
+                                         (["--precision", "bf16", "--tp", "2"], "use --tp 1 --cp 1 --pp 1")])
+def test_gpt_oss_settings_not_modelled_are_refused_in_one_line(cli, argv, words):
+    """torchtitan's gpt_oss trains bf16 blocks whatever training.dtype (model.py:339-342) and runs no CP or PP: what
+    trainfit does not model is refused in one line with what to use instead, exit 2."""
+    code, out, err = cli("estimate", "gpt-oss-20b", "--stack", "torchtitan", "--dp", "8", "--zero", "3", *argv)
+    assert code == 2 and not out.strip() and "\n" not in err.strip() and words in err
+
+
+def test_gpt_oss_flavors_are_torchtitans_model():
+    """stacks/torchtitan.toml [moe_models.gpt_oss] against torchtitan's own gptoss_configs, and the catalog's gpt-oss
+    models matched to them."""
+    from torchtitan.models.gpt_oss import gptoss_configs
+
+    from trainfit.api import load_spec
+    from trainfit.plan.emit_torchtitan import torchtitan_flavor
+    from trainfit.stacks import get_stack
+
+    for flavor, shape in get_stack("torchtitan").facts["moe_models"]["gpt_oss"].items():
+        a = gptoss_configs[flavor]
+        assert (a.dim, a.n_layers, a.n_heads, a.vocab_size, a.moe_inter_dim, a.moe_args.num_experts,
+                a.moe_args.top_k) == (shape["dim"], shape["n_layers"], shape["n_heads"], shape["vocab_size"],
+                                      shape["moe_inter_dim"], shape["num_experts"], shape["top_k"]), flavor
+    assert torchtitan_flavor(load_spec("gpt-oss-20b"))[:2] == ("gpt_oss", "20b")
+    assert torchtitan_flavor(load_spec("gpt-oss-120b"))[:2] == ("gpt_oss", "120b")
+
+
+def test_emitted_gpt_oss_job_parses_with_torchtitans_config_manager(tmp_path):
+    """--emit torchtitan for gpt-oss-120b in bf16 under expert parallelism: torchtitan's ConfigManager reads the model,
+    its flavor, training.dtype and the EP degree back."""
+    from torchtitan.config import ConfigManager
+
+    from trainfit.api import load_spec
+    from trainfit.plan import emit
+
+    s = Setup(stack="torchtitan", zero=3, dp=8, ep=8, batch=1, seq=4096, precision="bf16")
+    path = tmp_path / "job.toml"
+    path.write_text(emit.emit("torchtitan", s, load_spec("gpt-oss-120b"), 8, tokens=1e9))
+    cfg = ConfigManager().parse_args(["--job.config_file", str(path)])
+    assert (cfg.model.name, cfg.model.flavor, cfg.training.dtype, cfg.parallelism.expert_parallel_degree) == \
+        ("gpt_oss", "120b", "bfloat16", 8)
 
 
 def test_emitted_llama4_job_parses_with_torchtitans_config_manager(tmp_path):

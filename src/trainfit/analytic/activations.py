@@ -174,6 +174,8 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
             t["attention"] += core
     elif kernel == "flash":
         t["attention"] = _flash_saved(spec, setup, aq)
+        if torchtitan_moe.model_fact(spec, setup, "flex_sinks"):
+            t["attention"] += torchtitan_moe.flex_sinks_saved(spec, a)
         share = masked_window_share(spec, setup)
         if share:
             t["attention"] += share * _window_repeat_saved(spec, a)
@@ -329,6 +331,8 @@ def masked_window_share(spec: ModelSpec, setup: Setup) -> float:
     0 without a window or below it."""
     if siglip.image_block_masks(spec, setup):  # Gemma 3 with images: every layer's mask is materialised
         return 1.0
+    if torchtitan_moe.model_fact(spec, setup, "flex_sinks"):
+        return 0.0  # torchtitan's gpt_oss: flex attention takes the window as a block mask (stacks/torchtitan.toml)
     window = spec.sliding_window
     if not window or setup.seq < window:
         return masked_chunk_share(spec, setup)
@@ -380,6 +384,8 @@ def resolved_kernel(spec: ModelSpec, setup: Setup) -> str:
     the layers as the fused kernels (masked_efficient_share; tiny-gemma3 at 2 x 200, fp32 on CUDA: +6.65 % as math,
     -0.12 % so)."""
     kernel = setup.attention_kernel
+    if torchtitan_moe.model_fact(spec, setup, "flex_sinks"):
+        return "flash"  # torchtitan's gpt_oss: flex attention, which saves as the fused kernels do (flex_sinks_saved)
     # a stack whose own fused attention takes the sinks (stacks/*.toml [attention] sinks: Megatron's TE softmax_type
     # 'learnable') does not fall back to the family's eager path for them
     sinks_fused = spec.attn_sinks and setup.stack_facts.facts.get("attention", {}).get("sinks") == "fused"

@@ -249,7 +249,12 @@ def op_sac_saved_matmuls(spec: ModelSpec, setup: Setup) -> list[tuple[str, int, 
 def op_sac_stores_sdpa(spec: ModelSpec, setup: Setup) -> bool:
     """Whether per-op SAC stores the attention kernel's outputs: the save list names the CUDA SDPA kernels (flash,
     efficient, cuDNN, math: torchtitan/models/llama3/infra/parallelize.py:36-51); eager attention runs bmm/softmax
-    and the CPU flash kernel (aten._scaled_dot_product_flash_attention_for_cpu) is not on the list."""
+    and the CPU flash kernel (aten._scaled_dot_product_flash_attention_for_cpu) is not on the list. torchtitan's
+    gpt_oss lists flex attention's HOP and its compiled region (models/gpt_oss/infra/parallelize.py:41-58), whose
+    outputs are the same two (stacks/torchtitan.toml [moe_models] flex_sinks; the CPU step's substitute stands for
+    it: step/torchtitan_moe.py)."""
+    if torchtitan_moe.model_fact(spec, setup, "flex_sinks"):
+        return True
     return ("sdpa" in setup.stack_facts.fact("op_sac", "save") and setup.device == "cuda"
             and resolved_kernel(spec, setup) == "flash")
 

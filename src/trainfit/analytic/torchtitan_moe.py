@@ -44,11 +44,36 @@ def block_on(setup: Setup) -> bool:
     return setup.stack_facts.facts.get("moe", {}).get("block") == "torchtitan-moe"
 
 
-def row_bytes(spec: ModelSpec, st) -> float:
+def row_bytes(spec: ModelSpec, st, setup: Setup | None = None) -> float:
     """Per padded row of the grouped GEMMs, what is saved: its int32 index, x's bf16 copies (one where x is bf16
-    already: .bfloat16() returns it), silu's input and output, the w3 product and their product."""
+    already: .bfloat16() returns it), silu's input and output, the w3 product and their product; gpt_oss's experts
+    (gptoss_row_bytes) where the model builds them."""
+    if setup is not None and model_fact(spec, setup, "gptoss_experts"):
+        return gptoss_row_bytes(spec)
     copies = 1 if st.residual == BF16 else 2
     return INT32 + BF16 * (copies * spec.hidden + 4 * spec.moe.expert_intermediate)
+
+
+def gptoss_row_bytes(spec: ModelSpec) -> float:
+    """Per padded row, what torchtitan's gpt_oss experts save (models/gpt_oss/model/moe.py:142-176, all bf16: its
+    blocks are bf16, model.py:339-342): the int32 index (_permute), x's one bf16 copy (grouped_mm, :155-157),
+    mlp1's output plus its bias (2·I wide: the clamps save their inputs, views of it, :87-90), the clamped gate,
+    sigmoid's output, the gated product and the linear half plus 1 (the products', :91-93), the SwiGLU output
+    (mlp2's grouped_mm, :166), and the two int64 row indices repeat_interleave's index_select saves for the biases
+    (:159, :169). NB: those indices are over the experts' aligned rows (Σ round_up(max(n_e, 8), 8)), counted here
+    over all padded rows (high by at most 8 local experts' worth of rows, 16 bytes a row)."""
+    i = spec.moe.expert_intermediate
+    return INT32 + 2 * INDEX + BF16 * (spec.hidden + 2 * i + 5 * i)
+
+
+def flex_sinks_saved(spec: ModelSpec, a: int) -> float:
+    """Per token, what torchtitan's gpt_oss attention saves beyond the fused kernels' q, k, v, output and fp32
+    logsumexp (activations._flash_saved; torch 2.13 _higher_order_ops/flex_attention.py:796-812): the sink rescale's
+    fp32 σ(lse − sinks) (sigmoid's output) and its cast to the output's dtype (the multiply's, models/gpt_oss/model/
+    model.py:253-254), and the rescaled output's contiguous (b, s, h, d) copy that wo saves (:256-262: the
+    multiply's output follows flex's (b, h, s, d) layout). The rotary saves only its cos and sin (the multiplies
+    by them need no q or k: :152-153; activations.cos_sin_bytes)."""
+    return a * spec.q_dim + (FP32 + a) * spec.heads
 
 
 def model_fact(spec: ModelSpec, setup: Setup, name: str) -> bool:
@@ -85,7 +110,7 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
         score = 0.0
         w = a if autocast(setup, a) else FP32  # autocast runs bmm in its dtype and casts both fp32 operands
         combine = w * k * h + w * k
-    experts = k * row_bytes(spec, st)  # each routed copy's row of the grouped GEMMs
+    experts = k * row_bytes(spec, st, setup)  # each routed copy's row of the grouped GEMMs
     load = busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp)
     mlp = router + combine + (reorder + score + experts) * load
     fixed = uncached_fixed(spec, setup)
@@ -112,7 +137,7 @@ def uncached_fixed(spec: ModelSpec, setup: Setup) -> float:
     local expert) on the grouped GEMMs' saved tensors, the int32 group offsets, and the bf16 copy of each expert
     matrix over non-bf16 weights (`w.bfloat16()`, moe.py:123-128: a plain copy, saved by grouped_mm)."""
     st, local = state_bytes(setup), local_experts(spec, setup)
-    out = local * ALIGN * row_bytes(spec, st) + INT32 * local
+    out = local * ALIGN * row_bytes(spec, st, setup) + INT32 * local
     if (st.param or st.weight) != BF16:
         out += BF16 * 3 * local * spec.hidden * spec.moe.expert_intermediate
     return out

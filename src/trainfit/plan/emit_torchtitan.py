@@ -90,8 +90,8 @@ def torchtitan_flavor_or_error(spec: ModelSpec, engine: str = "torchtitan") -> t
                           + [f"{n} {f}" for n, fl in moe.items() if isinstance(fl, dict) for f, shape in fl.items()
                              if isinstance(shape, dict)])
         raise SetupError(f"--emit {engine}: torchtitan builds only its registry's models ({names}; "
-                         f"torchtitan/models/llama3, deepseek_v3, qwen3 __init__.py) and {spec.name} has the shape "
-                         "of none of them")
+                         f"torchtitan/models/llama3, deepseek_v3, qwen3, llama4, gpt_oss __init__.py) and {spec.name} "
+                         "has the shape of none of them")
     return got
 
 

@@ -355,7 +355,7 @@ def _forward_backward(model, batch, global_valid_tokens, amp, phase):
     phase("forward")
     with torchtitan_moe.cpu_kernels(model):
         with amp:  # train.py:531-538
-            pred = model(batch["input"])
+            pred = model(batch["input"], **torchtitan_moe.forward_kwargs(model, batch["input"]))
             loss_sum = cross_entropy_loss(pred, batch["labels"])
             loss = loss_sum / global_valid_tokens
         del pred  # train.py:541 ("need to free pred before bwd to avoid peaking memory")

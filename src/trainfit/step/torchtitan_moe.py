@@ -1,10 +1,10 @@
-"""torchtitan's MoE models (its qwen3, deepseek_v3 and llama4 Transformers, stacks/torchtitan.toml [moe_models])
+"""torchtitan's MoE models (its qwen3, deepseek_v3, llama4 and gpt_oss Transformers, [moe_models])
 built from a trainfit ModelSpec and parallelized as their parallelize functions do (models/qwen3/infra/
 parallelize.py:57-180, deepseek_v3's :49-205, llama4's: llama4's apply_moe_ep_tp, apply_ac, then llama4's apply_fsdp
 or llama3's apply_ddp), for the measure engine's real step: one process, or one rank of a torchrun job with data and
 expert parallelism (ExpertParallel's all-to-all dispatch and combine over gloo on CPU).
 
-Two of torchtitan 0.2.2's MoE kernels have no CPU implementation; on a CPU the step runs them as follows, the
+Three of torchtitan 0.2.2's kernels have no CPU implementation; on a CPU the step runs them as follows, the
 tensors they make unchanged:
   * torch.histc over the int64 expert ids (models/moe/moe.py:348, :377): torch's CPU histogram kernel takes
     floating-point input only ("histogram_cpu" not implemented for 'Long'); the ids are counted as float and the
@@ -13,6 +13,8 @@ tensors they make unchanged:
   * generate_permute_indices (models/moe/kernels.py:143-215) fills the padded indices with a Triton kernel
     (fill_indices_wrapper); torchtitan's own CPU reference, fill_indices_cpu (:106-140), fills the same int32
     tensor.
+  * flex attention (gpt_oss's FlexAttentionWrapper, models/attention.py:106-152): torch runs no flex backward on a
+    CPU; cpu_flex_attention (below) runs its math and keeps what the flex HOP keeps.
 The experts run torchtitan's grouped-GEMM path (MoEArgs.use_grouped_mm, moe.py:113-130, torch._grouped_mm), which
 SM90+ GPUs run; deepseek_v3's and llama4's update_from_config turn it off below SM90 (deepseek_v3 model/args.py:95-99,
 llama4 model/args.py:73-77), which this step does not call.
@@ -41,6 +43,9 @@ def check(spec: "ModelSpec", setup: "Setup") -> None:
     if model == "qwen3" and dense:
         raise EngineUnavailableError(f"--stack torchtitan: torchtitan's qwen3 makes every layer MoE "
                                      f"(models/qwen3/model/model.py:366-372); {spec.name} has dense layers")
+    if model == "gpt_oss" and spec.sliding_window and spec.sliding_lead != 1:
+        raise EngineUnavailableError(f"--stack torchtitan: torchtitan's gpt_oss slides the window on the even layers "
+                                     f"(models/gpt_oss/model/model.py:274); {spec.name}'s layer_types differ")
     if model == "llama4" and dense and not spec.moe.layer_step:
         raise EngineUnavailableError(f"--stack torchtitan: torchtitan's llama4 makes every "
                                      "interleave_moe_layer_step-th layer MoE (models/llama4/model/model.py:387); "
@@ -59,6 +64,7 @@ def _moe_args(spec: "ModelSpec", setup: "Setup"):
                    route_norm=m.norm_topk, route_scale=m.routed_scaling, num_expert_groups=m.route_groups or None,
                    num_limited_groups=m.route_group_topk or None,
                    score_before_experts=model_fact(spec, setup, "score_before_experts"), use_grouped_mm=True,
+                   gate_bias=m.router_bias,  # gpt_oss's flavors (models/gpt_oss/__init__.py:54)
                    # --moe-force-balance: the router's round-robin debug routing (moe.py:40-41, :234-249, :335-340)
                    _debug_force_load_balance=setup.moe_force_balance)
 
@@ -112,6 +118,19 @@ def model_and_args(spec: "ModelSpec", setup: "Setup"):
             vocab_size=spec.vocab, multiple_of=mult_of, ffn_dim_multiplier=mult, norm_eps=eps, rope_theta=theta,
             rope_scaling_args=scaling, max_seq_len=setup.seq, moe_args=_moe_args(spec, setup),
             interleave_moe_layer_step=spec.moe.layer_step or 1)
+    if model == "gpt_oss":
+        from torchtitan.models.gpt_oss import GptOssModel, GptOssModelArgs
+
+        # YaRN as the flavors' defaults (model/args.py:60-65): rope_factor, ntk_alpha (beta_slow), ntk_beta
+        # (beta_fast), original_seq_len; the window on the even layers, the causal mask on the others
+        return GptOssModel, GptOssModelArgs(
+            dim=spec.hidden, n_layers=spec.layers, n_heads=spec.heads, n_kv_heads=spec.kv_heads,
+            head_dim=spec.head_dim, vocab_size=spec.vocab, moe_inter_dim=spec.moe.expert_intermediate, norm_eps=eps,
+            moe_args=_moe_args(spec, setup), swiglu_limit=spec.moe.swiglu_limit or 7.0, max_seq_len=setup.seq,
+            sliding_window_size=spec.sliding_window or setup.seq, attn_mask_type="causal", rope_theta=theta,
+            rope_factor=float(rope.get("factor", 1.0)), ntk_alpha=float(rope.get("beta_slow", 1.0)),
+            ntk_beta=float(rope.get("beta_fast", 32.0)),
+            original_seq_len=int(rope.get("original_max_position_embeddings", 4096)))
     from torchtitan.models.deepseek_v3.model.args import DeepSeekV3ModelArgs
     from torchtitan.models.deepseek_v3.model.model import DeepSeekV3Model
 
@@ -181,6 +200,11 @@ def op_sac_save_list(spec: "ModelSpec", setup: "Setup") -> set:
         from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
     elif model == "llama4":
         from torchtitan.models.llama4.infra.parallelize import _op_sac_save_list
+    elif model == "gpt_oss":
+        from torchtitan.models.gpt_oss.infra.parallelize import _op_sac_save_list
+
+        # (the CPU substitute for flex attention stands for its compiled region, which the list saves)
+        return _op_sac_save_list | {cpu_flex_op()}
     else:
         from torchtitan.models.deepseek_v3.infra.parallelize import _op_sac_save_list
     return _op_sac_save_list
@@ -210,8 +234,114 @@ def cpu_kernels(model: torch.nn.Module):
             return histc(x.float(), *args, **kwargs).to(x.dtype)
         return histc(x, *args, **kwargs)
 
+    from torchtitan.models.attention import FlexAttentionWrapper
+
+    flex = FlexAttentionWrapper.__dict__["_compiled_flex_attn"]
     kernels.fill_indices_wrapper, torch.histc = fill_cpu, integer_histc
+    FlexAttentionWrapper._compiled_flex_attn = staticmethod(cpu_flex_attention)
     try:
         yield
     finally:
         kernels.fill_indices_wrapper, torch.histc = triton_fill, histc
+        FlexAttentionWrapper._compiled_flex_attn = flex
+
+
+def forward_kwargs(model: torch.nn.Module, tokens: torch.Tensor) -> dict:
+    """The model's forward keywords beside the tokens: for a flex-attention model (gpt_oss) its attention masks, as
+    torchtitan's post_dataloading_process builds them before the forward (train.py:457-466: get_attention_masks;
+    the causal mask needs no tokenizer, models/gpt_oss/model/model.py:398-401)."""
+    if getattr(getattr(model, "model_args", None), "attn_type", "sdpa") != "flex":
+        return {}
+    return {"attention_masks": model.get_attention_masks(input_batch=tokens, tokenizer=None)}
+
+
+# -- flex attention on CPU ---------------------------------------------------------------------------------------
+# torch 2.13 runs no flex-attention backward on a CPU ("FlexAttention does not support backward on CPU",
+# torch/nn/attention/flex_attention.py:2082 _validate_device). The CPU step runs flex attention's math as one opaque
+# op instead (a custom op, so that per-op SAC sees one op as it sees the compiled region: gpt_oss's save list keeps
+# torch._higher_order_ops.inductor_compiled_code), which allocates and saves what the flex HOP does: its output in
+# q's dtype, the fp32 logsumexp in log2 units (both saved beside q, k and v: _higher_order_ops/flex_attention.py:
+# 796-812, max_scores not kept), and returns the natural-log logsumexp (the public API's `lse * ln 2`).
+# NB: its working scores are fp32 over 32-query chunks (a transient the GPU kernel holds in
+# registers: the CPU peak reads high by at most one chunk's scores, 32 x seq x 4 bytes); its backward returns dq,
+# dk, dv in the inputs' dtype (accumulated in fp32 per kv head, one head at a time).
+_MASKS: dict[int, object] = {}
+_CHUNK = 32
+_OP = []
+
+
+def cpu_flex_op():
+    """The custom op (defined on first use: torch.library registration is process-global)."""
+    if _OP:
+        return _OP[0]
+    import math
+
+    @torch.library.custom_op("trainfit::cpu_flex_attention", mutates_args=())
+    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: int, scale: float
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+        b, h, s, d = q.shape
+        rep = h // k.shape[1]
+        out = torch.empty_like(q)
+        lse2 = torch.empty((b, h, s), dtype=torch.float32)
+        with torch.no_grad():
+            for i in range(b):
+                for j in range(h):
+                    kk, vv = k[i, j // rep].float(), v[i, j // rep].float()
+                    for c in range(0, s, _CHUNK):
+                        sc = (q[i, j, c:c + _CHUNK].float() @ kk.T) * scale
+                        sc.masked_fill_(~_dense_mask(mask, c, min(s, c + _CHUNK), s), float("-inf"))
+                        lse = torch.logsumexp(sc, dim=-1)
+                        out[i, j, c:c + _CHUNK] = (torch.exp(sc - lse[:, None]) @ vv).to(q.dtype)
+                        lse2[i, j, c:c + _CHUNK] = lse / math.log(2)
+        return out, lse2.mul_(math.log(2))
+
+    def setup_context(ctx, inputs, output):
+        # (the region's outputs are the output and the natural-log lse: what per-op SAC stores; the log2 lse the
+        # HOP keeps is made here, where autograd saves it)
+        q, k, v, mask, scale = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse / math.log(2))
+        ctx.mask, ctx.scale = mask, scale
+
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse2 = ctx.saved_tensors
+        b, h, s, d = q.shape
+        rep = h // k.shape[1]
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        for i in range(b):
+            for g in range(k.shape[1]):
+                kk, vv = k[i, g].float(), v[i, g].float()
+                dkk, dvv = torch.zeros_like(kk), torch.zeros_like(vv)
+                for j in range(g * rep, (g + 1) * rep):
+                    for c in range(0, s, _CHUNK):
+                        e = min(s, c + _CHUNK)
+                        qq, do = q[i, j, c:e].float(), dout[i, j, c:e].float()
+                        sc = (qq @ kk.T) * ctx.scale
+                        sc.masked_fill_(~_dense_mask(ctx.mask, c, e, s), float("-inf"))
+                        p = torch.exp(sc - lse2[i, j, c:e, None] * math.log(2))
+                        dvv += p.T @ do
+                        dp = do @ vv.T
+                        delta = (do * out[i, j, c:e].float()).sum(-1, keepdim=True)
+                        ds = p * (dp - delta + (dlse[i, j, c:e, None] if dlse is not None else 0))
+                        dq[i, j, c:e] = (ds @ kk * ctx.scale).to(q.dtype)
+                        dkk += ds.T @ qq * ctx.scale
+                dk[i, g], dv[i, g] = dkk.to(k.dtype), dvv.to(v.dtype)
+        return dq, dk, dv, None, None
+
+    op.register_autograd(backward, setup_context=setup_context)
+    _OP.append(torch.ops.trainfit.cpu_flex_attention.default)
+    return _OP[0]
+
+
+def _dense_mask(key: int, start: int, end: int, s: int) -> torch.Tensor:
+    """Rows start:end of the block mask's mask_mod over s keys (torchtitan's mask mods are tensor expressions:
+    models/attention.py:208-296)."""
+    zero = torch.zeros((), dtype=torch.long)
+    return _MASKS[key](zero, zero, torch.arange(start, end)[:, None], torch.arange(s)[None, :])
+
+
+def cpu_flex_attention(q, k, v, *, block_mask=None, scale=None, enable_gqa=False, return_lse=False, **_):
+    """FlexAttentionWrapper's compiled flex_attention on a CPU (the comment above)."""
+    _MASKS[id(block_mask.mask_mod)] = block_mask.mask_mod
+    out, lse = cpu_flex_op()(q, k, v, id(block_mask.mask_mod), scale if scale is not None else q.shape[-1] ** -0.5)
+    return (out, lse) if return_lse else out

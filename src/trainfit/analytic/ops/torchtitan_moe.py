@@ -27,6 +27,7 @@ from ..activations import FP32, INDEX
 from ..torchtitan_moe import BF16, INT32, pad_rows
 from .activation import activation
 from .cast import autocast_inputs
+from .clamped_swiglu import clamped_swiglu, expert_bias
 from .moe import expert_dims, shared_expert_ops
 from .op import Op, Shape, gemm, memory
 
@@ -58,21 +59,26 @@ def torchtitan_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     ops += [memory("pad", rows * h * r, (rows + 1) * h * r, SRC + "utils.py:54 vstack((x, zeros))", saves=False),
             memory("permute", padded * (h * r + INT32), padded * h * r, SRC + "utils.py:56 x[permuted_indices]",
                    saves=False)]
+    gptoss = bool(m.swiglu_limit or m.expert_bias)  # gpt_oss's GptOssGroupedExperts (gptoss_experts)
     if r != BF16:
-        ops.append(memory("experts_in_bf16", 2 * padded * h * r, 2 * padded * h * BF16,
-                          SRC + "moe.py:123, :126 x.bfloat16() (twice)", kernels=2, saves=False))
+        n = 1 if gptoss else 2
+        ops.append(memory("experts_in_bf16", n * padded * h * r, n * padded * h * BF16,
+                          SRC + "moe.py:123, :126 x.bfloat16() (twice; gpt_oss's once)", kernels=n, saves=False))
     if sh.weight != BF16:
         x = 3 * local * h * i / sh.tp
         ops.append(memory("experts_w_bf16", x * sh.weight, x * BF16, SRC + "moe.py:123-128 w.bfloat16()", kernels=3,
                           saves=False))
     ex = replace(sh, dtype="bf16", act=BF16)  # the grouped GEMMs and their activation in bf16 (moe.py:123-128)
     g = padded / local
-    ops.append(gemm("experts_w1", g, i, h, ex, SRC + "moe.py:123 grouped_mm w1", batch=local))
-    ops += activation(spec, "experts_act", padded * i, ex, "experts_act")
-    ops.append(gemm("experts_w3", g, i, h, ex, SRC + "moe.py:125 grouped_mm w3", batch=local))
-    ops.append(memory("experts_mul", 2 * padded * i * BF16, padded * i * BF16, SRC + "moe.py:125 silu(w1 x) * w3 x",
-                      "experts_act"))
-    ops.append(gemm("experts_w2", g, h, i, ex, SRC + "moe.py:128 grouped_mm w2", batch=local))
+    if gptoss:
+        ops += gptoss_experts(ex, g, padded, h, i, local)
+    else:
+        ops.append(gemm("experts_w1", g, i, h, ex, SRC + "moe.py:123 grouped_mm w1", batch=local))
+        ops += activation(spec, "experts_act", padded * i, ex, "experts_act")
+        ops.append(gemm("experts_w3", g, i, h, ex, SRC + "moe.py:125 grouped_mm w3", batch=local))
+        ops.append(memory("experts_mul", 2 * padded * i * BF16, padded * i * BF16,
+                          SRC + "moe.py:125 silu(w1 x) * w3 x", "experts_act"))
+        ops.append(gemm("experts_w2", g, h, i, ex, SRC + "moe.py:128 grouped_mm w2", batch=local))
     if r != BF16:
         ops.append(memory("experts_out_cast", padded * h * BF16, padded * h * r, SRC + "moe.py:128 .type_as(x)",
                           saves=False))
@@ -98,3 +104,17 @@ def torchtitan_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
         ops.append(memory("shared_add", T * h * (a + r), T * h * r, SRC + "moe.py:482 out + out_experts", "combine",
                           saves=False))
     return ops
+
+
+def gptoss_experts(ex: Shape, g: float, padded: float, h: int, i: int, local: int) -> list[Op]:
+    """torchtitan's gpt_oss experts (models/gpt_oss/model/moe.py:142-176), in bf16 on the padded rows: mlp1's one
+    grouped GEMM 2·I wide, its per-expert bias, the clamped interleaved SwiGLU, mlp2 and its bias. NB: the biases
+    and the SwiGLU are timed as transformers' gpt-oss kernels (ops/clamped_swiglu.py: a gather and an add per
+    bias); torchtitan's repeat_interleave, cat of the tail rows and out-of-place add pass over the rows once more:
+    predicted faster by that memory traffic."""
+    src = "torchtitan 0.2.2 models/gpt_oss/model/moe.py"
+    return [gemm("experts_mlp1", g, 2 * i, h, ex, src + ":155-157 grouped_mm mlp1", batch=local),
+            *expert_bias("experts_mlp1_bias", padded, 2 * i, local, ex),
+            *clamped_swiglu("experts_act", padded * i, ex, "experts_act"),
+            gemm("experts_mlp2", g, h, i, ex, src + ":166 grouped_mm mlp2", batch=local),
+            *expert_bias("experts_mlp2_bias", padded, h, local, ex)]

@@ -1,6 +1,6 @@
 """The torchtitan stack: the base behaviour (torch FSDP2/DDP, torch.optim, clip_grad_norm_), over the models
-torchtitan builds here (its llama3 Transformer; its deepseek_v3, qwen3 and llama4 MoE models, with expert parallelism:
-parallel/expert_memory.py); its facts (FSDP2 groups and mixed precision, rotary buffer, SAC, EP layout) are
+torchtitan builds here (its llama3 Transformer; its deepseek_v3, qwen3, llama4 and gpt_oss MoE models, with expert
+parallelism: parallel/expert_memory.py); its facts (FSDP2 groups and mixed precision, rotary buffer, SAC, EP layout) are
 stacks/torchtitan.toml."""
 from __future__ import annotations
 
@@ -30,6 +30,18 @@ class TorchtitanModel(StackModel):
                 raise SetupError(f"--low-precision {lp} on torchtitan's MoE model {spec.name}: its experts' grouped "
                                  "GEMMs (quantize.grouped_mm) are not modelled; drop --low-precision")
             model = setup.stack_facts.moe_model(spec.family)
+            if model in setup.stack_facts.fact("moe_models", "blocks_bf16") and setup.precision != "bf16":
+                # torchtitan 0.2.2 models/gpt_oss/model/model.py:339-342: TransformerBlock(...).to(torch.bfloat16)
+                raise SetupError(f"--precision {setup.precision} on torchtitan's {model}: it casts its blocks to bf16 "
+                                 "whatever training.dtype (model/model.py:339-342), bf16 block states beside fp32 "
+                                 "embeddings that trainfit does not model; use --precision bf16 (training.dtype "
+                                 "bfloat16)")
+            if model == "gpt_oss" and (setup.tp > 1 or setup.cp > 1 or setup.pp > 1):
+                # models/gpt_oss/model/args.py:181-184 (CP NotImplementedError), __init__.py:85 (pipelining_fn None);
+                # its own TP plan (infra/parallelize.py, infra/expert_parallel.py) is not modelled
+                raise SetupError(f"--tp {setup.tp} --cp {setup.cp} --pp {setup.pp} on torchtitan's gpt_oss: trainfit "
+                                 "models it with data and expert parallelism only (torchtitan runs no CP or PP for "
+                                 "it); use --tp 1 --cp 1 --pp 1, or --stack megatron")
             deepep = setup.stack_facts.fact("expert_dispatch", "deepep")["models"]
             if setup.moe_dispatcher == "deepep" and model not in deepep:
                 # (stacks/torchtitan.toml [expert_dispatch.deepep]: only deepseek_v3's MoE class reads the backend)
@@ -40,7 +52,7 @@ class TorchtitanModel(StackModel):
         if spec.is_moe:
             raise SetupError(f"--stack torchtitan: {spec.name} is a {spec.family} mixture of experts; trainfit models "
                              f"torchtitan's MoE models of model_type {', '.join(moe_families)} (its deepseek_v3, "
-                             "qwen3 and llama4 MoE flavors): use --stack hf or --stack megatron")
+                             "qwen3, llama4 and gpt_oss MoE flavors): use --stack hf or --stack megatron")
         if spec.family != "llama" or not spec.causal:
             raise SetupError(f"--stack torchtitan runs torchtitan's Llama3 Transformer, which builds llama-family "
                              f"models (model_type llama) only; {spec.name} is {spec.family}: use --stack hf")
