@@ -203,3 +203,16 @@ def test_recompute_matmul_flops_equal_torchtitans_checkpointing():
         setup = Setup(stack="torchtitan", recompute=policy, device="cpu", precision="fp32")
         want = recompute_per_token(spec, setup, spec.layers, layer_mm, 0.0) * b * s
         assert extra == want > 0, policy
+
+
+def test_torchtitan_gpt_oss_plans_keep_to_what_torchtitan_builds():
+    """torchtitan's gpt_oss casts its blocks to bf16 whatever training.dtype (torchtitan 0.2.2 models/gpt_oss/model/
+    model.py:339-342) and runs no context or pipeline parallelism (model/args.py:181-184, __init__.py:85): the
+    stack's rules on the model (analytic/stacks/torchtitan.py check_model) refuse every other group, so no plan may
+    hold one — its FSDP2 mixed precision, torchtitan's plan default, is refused in one line naming the fix."""
+    spec, gpu = load_spec("gpt-oss-20b"), get_gpu("H100-80GB")
+    r = search(spec, gpu, PlanQuery(gpus=8, seq=4096, stacks=("torchtitan",), precisions=("bf16",), top=50))
+    assert r.candidates
+    assert {(c.setup.precision, c.setup.tp, c.setup.cp, c.setup.pp) for c in r.candidates} == {("bf16", 1, 1, 1)}
+    with pytest.raises(TrainfitError, match="--precision bf16"):
+        search(spec, gpu, PlanQuery(gpus=8, seq=4096, stacks=("torchtitan",)))

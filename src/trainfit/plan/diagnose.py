@@ -13,7 +13,7 @@ from ..errors import NotModelledError, SetupError
 from ..hardware import GPU
 from ..setup import Setup
 from ..units import fmt_bytes
-from ..analytic.layout import validate_layout
+from ..analytic.layout import check_stack_model, validate_layout
 from .fit import PeakOracle
 from .knobs import LEVELS as KNOB_LEVELS, judged_knobs, levels as knob_levels, setup_flags
 from .space import Layout, Where, divisors, layouts, tp_allowed, variants
@@ -62,6 +62,8 @@ def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle, level: int | None 
                                               etp=lean.settings(get_stack(stack).etp_default)["etp"], **extra)
                             if extra:
                                 validate_layout(oracle.spec, s)
+                            else:  # (the stack's rules on the model, as the search's groups: plan/search.py)
+                                check_stack_model(oracle.spec, s)
                             check_training_setup(oracle.spec, s)
                         except NotModelledError:
                             continue  # (the search leaves it out: plan/search.py _group_base)

@@ -673,6 +673,8 @@ def _group_base(args: _LayoutArgs, group: tuple) -> tuple[Setup, dict]:
         switches = {}
     if extra:
         validate_layout(args.oracle.spec, base)  # the model takes them (Liger's families, gated MLPs, Ulysses' heads)
+    else:  # the stack's rules on the model (torchtitan's gpt_oss: bf16 blocks, no TP/CP/PP), as every engine's entry
+        check_stack_model(args.oracle.spec, base)
     check_training_setup(args.oracle.spec, base)  # NotModelledError where the engine has not derived its terms
     return base, switches
 
