@@ -583,7 +583,7 @@ def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
             spans[multi] = _Unsettled(oracle, probe, cap, limit, verdict)
         return spans[multi]
 
-    allowed = counted = None  # (a group judged when taken: the micro-batches of its splits, _Pending.entries)
+    allowed = counted = None  # (a group judged when timed: the micro-batches of its splits, _Judged)
     if splits_all is None:  # no global batch: accumulation fills the pipeline, micro-batch up to the largest fit
         probe = span(lay.pp > 1)
         # (searched: the splits up to the largest micro-batch its room allows, before its memory is judged; with a
@@ -596,10 +596,7 @@ def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
             # its splits' micro-batches run up to the largest that fits, which only its memory tells: bounded over
             # every micro-batch its room allows, its memory judged only when the search takes it
             splits = [(b, lay.pp if lay.pp > 1 else 1) for b in range(1, probe.limit + 1)]
-
-            def judged() -> set[int]:
-                return {b for b, _ in batch_splits(lay, None, probe.largest(), q.batch_tolerance)}
-            allowed = judged
+            allowed = _Judged(probe, lay, q.batch_tolerance)
         else:
             splits = batch_splits(lay, None, probe.largest(), q.batch_tolerance)
             counted = None
@@ -917,7 +914,7 @@ class _Pending:
     __slots__ = ("splits", "span", "timed", "allowed", "counted")
 
     def __init__(self, splits: list, span: Callable[[bool], _Unsettled], timed: tuple,
-                 allowed: Callable[[], set[int]] | None = None, counted: int | None = None):
+                 allowed: "_Judged | None" = None, counted: int | None = None):
         self.splits, self.span, self.timed, self.allowed, self.counted = splits, span, timed, allowed, counted
 
     def count(self, e: "_Entry") -> int:
@@ -933,20 +930,41 @@ class _Pending:
         out = []
         variants = _assignments(self.timed[0], e.variants[0][1], self.timed[1], stats)
         start = _start(variants[0][1], len(variants))
-        keep = self.allowed() if self.allowed is not None else None  # (its memory judged now: _search_group)
+        judged = self.allowed
         for neg, b, accum, layers in self.splits:
-            if keep is not None and b not in keep:
-                continue
+            if judged is not None and judged.known() and not judged.fits(b):
+                continue  # (not one of the group's splits: above its largest fitting micro-batch, or not of them)
             level = LAYERS if layers else COARSE
             probe = self.span(accum > 1)
             if probe.settled(b) is False:
                 stats["memory_rejected_splits"] = stats.get("memory_rejected_splits", 0) + len(variants)
                 continue
             first = variants[0][1].with_micro_batches(b, accum)
+            check = (judged if not judged.known() else None) if judged is not None else \
+                None if probe.settled(b) else probe
             out.append(_Entry(neg, 0, e.key, b, accum, level,
-                              ((variants[0][0], first),) if start == EXACT and level != COARSE else variants,
-                              None if probe.settled(b) else probe))
+                              ((variants[0][0], first),) if start == EXACT and level != COARSE else variants, check))
         return out
+
+
+class _Judged:
+    """The splits of a group without a global batch (space.batch_splits: micro-batches 1, 2, 4, ... up to its largest
+    fitting one and that one, at the accumulation filling its pipeline), which only its memory tells: judged on first
+    asking (its probe's largest: PeakOracle.largest_batch), when one of them is about to be timed. `fits(b)`: b is
+    one of them (an _Entry's `unsettled`, as _Unsettled is)."""
+
+    __slots__ = ("probe", "lay", "tolerance", "_bs")
+
+    def __init__(self, probe: _Unsettled, lay: Layout, tolerance: float):
+        self.probe, self.lay, self.tolerance, self._bs = probe, lay, tolerance, None
+
+    def known(self) -> bool:
+        return self._bs is not None
+
+    def fits(self, b: int) -> bool:
+        if self._bs is None:
+            self._bs = {x for x, _ in batch_splits(self.lay, None, self.probe.largest(), self.tolerance)}
+        return b in self._bs
 
 
 def _skipped(stats: dict, e: _Entry) -> None:
