@@ -10,7 +10,8 @@ routed to one rank:
   and a uint32 flag per chunk of 64 tokens of each rank, both ways;
 - across NVLink domains (buffer/internode_doca.cu:383-432, :557-592): the dispatch's own tokens, probabilities and
   scales and those it forwards for the other domains, the combine's reduced and forwarded tokens and probabilities,
-  and uint64 flags per chunk.
+  and uint64 flags per chunk; the opt-in NIXL build allocates the same (buffer/internode_nixl.cu:154-222; within a
+  few hundred bytes: data/overheads.toml [hybridep]).
 The tokens are raised to at least 512 and padded to the 64-token chunk (csrc/hybrid_ep/config.cuh:382-387).
 NB: the few-byte flag words, the preprocessing scratch (a few KiB) and the driver's page rounding are not counted
 (under). NB: the per-step tensors the dispatch and combine return come from the caching allocator (counted as the
