@@ -263,6 +263,52 @@ def test_llama4_flavors_are_torchtitans_model():
     assert torchtitan_flavor(load_spec("llama-4-maverick"))[:2] == ("llama4", "17bx128e")
 
 
+@pytest.mark.parametrize("flavor", ["17bx16e_irope", "17bx128e_irope"])
+def test_torchtitans_llama4_irope_flavors_fail_at_their_first_forward(flavor):
+    """What the refusal of llama4's iRoPE flavors stands on (stacks/torchtitan.toml [moe_models] refused_flavors):
+    the flavors torchtitan's own registry marks flex (llama4_args' attn_type) are the ones refused, and each, built
+    by torchtitan's Transformer at a tiny width with its own get_attention_masks ({"rope": chunked, "nope": causal}
+    block masks), fails at its first forward: its attention hands flex attention the whole mask dict as block_mask
+    (models/llama4/model/model.py:277-284). Run in eager flex attention under no_grad (the compiled wrapper's region
+    is the same Python up to that read; CPU flex runs no backward). The day this passes a step, model the flavors and
+    drop the refusal."""
+    import copy
+
+    from torch.nn.attention.flex_attention import flex_attention
+    from torchtitan.models.attention import FlexAttentionWrapper
+    from torchtitan.models.llama4 import Transformer, llama4_args
+
+    from trainfit.stacks import get_stack
+
+    refused = get_stack("torchtitan").facts["moe_models"]["refused_flavors"]["llama4"]
+    assert set(refused) == {f for f, a in llama4_args.items() if a.attn_type == "flex"}
+    assert flavor in refused
+    a = copy.deepcopy(llama4_args[flavor])
+    assert (a.attn_type, a.attn_mask_type, a.every_n_layers_nope) == ("flex", "block_causal", 4)
+    a.dim, a.n_layers, a.n_heads, a.n_kv_heads, a.vocab_size, a.max_seq_len = 64, 2, 4, 2, 100, 64
+    a.fixed_attn_block_size, a.moe_args.num_experts = 16, 4
+    model = Transformer(a)
+
+    class Tokenizer:  # what block_causal's document mask reads (model.py:552-553)
+        eos_id = 1
+
+    x = torch.randint(2, a.vocab_size, (2, 64))
+    masks = model.get_attention_masks(x, Tokenizer())
+    assert set(masks) == {"rope", "nope"}
+    compiled = FlexAttentionWrapper.__dict__["_compiled_flex_attn"]
+    FlexAttentionWrapper._compiled_flex_attn = staticmethod(flex_attention)
+    try:
+        with torch.no_grad(), pytest.raises(AttributeError, match="'dict' object has no attribute 'BLOCK_SIZE'"):
+            model(x, attention_masks=masks)
+        # (each mask alone is one flex attention takes: the failure is the dict)
+        q = torch.randn(2, 4, 64, 16)
+        with torch.no_grad():
+            for mask in masks.values():
+                flex_attention(q, q, q, block_mask=mask)
+    finally:
+        FlexAttentionWrapper._compiled_flex_attn = compiled
+
+
 def _block_saved_bytes(sp, s: Setup, name: str) -> int:
     """Bytes of the distinct storages autograd saves inside the last block's `name` module during torchtitan's real
     forward (parameters excluded), the CPU step's kernels in place (step/torchtitan_moe.py)."""
