@@ -405,6 +405,36 @@ def test_cpu_flex_attention_is_flex_attentions_math():
     assert all(torch.allclose(g, r, atol=1e-5) for g, r in zip(grads, ref_grads))
 
 
+def test_cpu_flex_attention_masks_each_sequence_by_its_own_documents():
+    """The CPU stand-in under a mask that differs per sequence (torchtitan's block_causal: causal within documents
+    split at each eos, get_document_mask_mod, models/attention.py:217-239, and'ed with the causal mask as its
+    models do): each sequence's rows masked by its own documents, against dense attention with that mask, outputs and
+    gradients (it evaluated every sequence's mask at b = 0)."""
+    from torch.nn.attention.flex_attention import and_masks
+    from torchtitan.models.attention import get_causal_mask_mod, get_document_mask_mod
+
+    from trainfit.step.torchtitan_moe import cpu_flex_attention
+
+    tokens = torch.full((2, 40), 5)
+    tokens[0, 9], tokens[1, 25] = 1, 1  # eos (id 1) at a different place in each sequence
+
+    class Mask:
+        mask_mod = staticmethod(and_masks(get_causal_mask_mod(), get_document_mask_mod(tokens, 1)))
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, h, 40, 8, requires_grad=True) for h in (4, 2, 2))
+    out = cpu_flex_attention(q, k, v, block_mask=Mask, scale=0.3, enable_gqa=True)
+    i = torch.arange(40)
+    doc = torch.stack([(i > 9).long(), (i > 25).long()])  # the document each position belongs to
+    keep = (i[None, :, None] >= i[None, None, :]) & (doc[:, :, None] == doc[:, None, :])
+    scores = (q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.3).masked_fill(~keep[:, None], float("-inf"))
+    ref = torch.softmax(scores, -1) @ v.repeat_interleave(2, 1)
+    assert torch.allclose(out, ref, atol=1e-5)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    assert all(torch.allclose(g, r, atol=1e-5) for g, r in zip(grads, ref_grads))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recompute", ["none", "full", "op"])
 @pytest.mark.parametrize("changes", [{}, {"num_hidden_layers": 4, "sliding_window": 128}])
