@@ -136,13 +136,15 @@ def test_torchtitan_config_file_not_found_is_one_line_and_exit_2(tmp_path, cli):
 
 
 @pytest.mark.parametrize("name, flavor, words", [("flux", "flux-dev", "--stack hf or megatron"),
-                                                 ("llama4", "17bx16e_irope", "iRoPE flavors"),
+                                                 ("llama4", "17bx16e_irope", "(17bx16e, 17bx128e: SDPA"),
+                                                 ("llama4", "17bx128e_irope", "model/model.py:277-284"),
                                                  ("gpt_oss", "debugmodel", "gpt_oss 120b, 20b")])
 def test_a_torchtitan_model_trainfit_does_not_build_is_named(tmp_path, cli, name, flavor, words):
     """torchtitan 0.2.2's registry holds flux (models/__init__.py), which trainfit does not model on --stack
-    torchtitan, llama4's iRoPE flavors (flex attention over block-causal chunks) and gpt_oss's debugmodel (a shape
-    no catalog model has): the file's model is named with what to use instead, in one line, exit 2 (before: "names
-    no model: pass --model", and with --model the stack's refusal of the architecture)."""
+    torchtitan, llama4's iRoPE flavors (which fail at their first forward in 0.2.2: test_torchtitan_moe.py
+    test_torchtitans_llama4_irope_flavors_fail_at_their_first_forward) and gpt_oss's debugmodel (a shape no catalog
+    model has): the file's model is named with why and what to use instead, in one line, exit 2 (before: "names no
+    model: pass --model", and with --model the stack's refusal of the architecture)."""
     pytest.importorskip("torchtitan")
     job = tmp_path / "job.toml"
     job.write_text(f'[model]\nname = "{name}"\nflavor = "{flavor}"\n[parallelism]\ndata_parallel_shard_degree = 8\n')

@@ -263,6 +263,52 @@ def test_llama4_flavors_are_torchtitans_model():
     assert torchtitan_flavor(load_spec("llama-4-maverick"))[:2] == ("llama4", "17bx128e")
 
 
+@pytest.mark.parametrize("flavor", ["17bx16e_irope", "17bx128e_irope"])
+def test_torchtitans_llama4_irope_flavors_fail_at_their_first_forward(flavor):
+    """What the refusal of llama4's iRoPE flavors stands on (stacks/torchtitan.toml [moe_models] refused_flavors):
+    the flavors torchtitan's own registry marks flex (llama4_args' attn_type) are the ones refused, and each, built
+    by torchtitan's Transformer at a tiny width with its own get_attention_masks ({"rope": chunked, "nope": causal}
+    block masks), fails at its first forward: its attention hands flex attention the whole mask dict as block_mask
+    (models/llama4/model/model.py:277-284). Run in eager flex attention under no_grad (the compiled wrapper's region
+    is the same Python up to that read; CPU flex runs no backward). The day this passes a step, model the flavors and
+    drop the refusal."""
+    import copy
+
+    from torch.nn.attention.flex_attention import flex_attention
+    from torchtitan.models.attention import FlexAttentionWrapper
+    from torchtitan.models.llama4 import Transformer, llama4_args
+
+    from trainfit.stacks import get_stack
+
+    refused = get_stack("torchtitan").facts["moe_models"]["refused_flavors"]["llama4"]
+    assert set(refused) == {f for f, a in llama4_args.items() if a.attn_type == "flex"}
+    assert flavor in refused
+    a = copy.deepcopy(llama4_args[flavor])
+    assert (a.attn_type, a.attn_mask_type, a.every_n_layers_nope) == ("flex", "block_causal", 4)
+    a.dim, a.n_layers, a.n_heads, a.n_kv_heads, a.vocab_size, a.max_seq_len = 64, 2, 4, 2, 100, 64
+    a.fixed_attn_block_size, a.moe_args.num_experts = 16, 4
+    model = Transformer(a)
+
+    class Tokenizer:  # what block_causal's document mask reads (model.py:552-553)
+        eos_id = 1
+
+    x = torch.randint(2, a.vocab_size, (2, 64))
+    masks = model.get_attention_masks(x, Tokenizer())
+    assert set(masks) == {"rope", "nope"}
+    compiled = FlexAttentionWrapper.__dict__["_compiled_flex_attn"]
+    FlexAttentionWrapper._compiled_flex_attn = staticmethod(flex_attention)
+    try:
+        with torch.no_grad(), pytest.raises(AttributeError, match="'dict' object has no attribute 'BLOCK_SIZE'"):
+            model(x, attention_masks=masks)
+        # (each mask alone is one flex attention takes: the failure is the dict)
+        q = torch.randn(2, 4, 64, 16)
+        with torch.no_grad():
+            for mask in masks.values():
+                flex_attention(q, q, q, block_mask=mask)
+    finally:
+        FlexAttentionWrapper._compiled_flex_attn = compiled
+
+
 def _block_saved_bytes(sp, s: Setup, name: str) -> int:
     """Bytes of the distinct storages autograd saves inside the last block's `name` module during torchtitan's real
     forward (parameters excluded), the CPU step's kernels in place (step/torchtitan_moe.py)."""
@@ -356,6 +402,36 @@ def test_cpu_flex_attention_is_flex_attentions_math():
     assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(lse, ref_lse, atol=1e-5)
     grads = torch.autograd.grad(rescaled(out, lse), (q, k, v))
     ref_grads = torch.autograd.grad(rescaled(ref, ref_lse), (q, k, v))
+    assert all(torch.allclose(g, r, atol=1e-5) for g, r in zip(grads, ref_grads))
+
+
+def test_cpu_flex_attention_masks_each_sequence_by_its_own_documents():
+    """The CPU stand-in under a mask that differs per sequence (torchtitan's block_causal: causal within documents
+    split at each eos, get_document_mask_mod, models/attention.py:217-239, and'ed with the causal mask as its
+    models do): each sequence's rows masked by its own documents, against dense attention with that mask, outputs and
+    gradients (it evaluated every sequence's mask at b = 0)."""
+    from torch.nn.attention.flex_attention import and_masks
+    from torchtitan.models.attention import get_causal_mask_mod, get_document_mask_mod
+
+    from trainfit.step.torchtitan_moe import cpu_flex_attention
+
+    tokens = torch.full((2, 40), 5)
+    tokens[0, 9], tokens[1, 25] = 1, 1  # eos (id 1) at a different place in each sequence
+
+    class Mask:
+        mask_mod = staticmethod(and_masks(get_causal_mask_mod(), get_document_mask_mod(tokens, 1)))
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, h, 40, 8, requires_grad=True) for h in (4, 2, 2))
+    out = cpu_flex_attention(q, k, v, block_mask=Mask, scale=0.3, enable_gqa=True)
+    i = torch.arange(40)
+    doc = torch.stack([(i > 9).long(), (i > 25).long()])  # the document each position belongs to
+    keep = (i[None, :, None] >= i[None, None, :]) & (doc[:, :, None] == doc[:, None, :])
+    scores = (q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.3).masked_fill(~keep[:, None], float("-inf"))
+    ref = torch.softmax(scores, -1) @ v.repeat_interleave(2, 1)
+    assert torch.allclose(out, ref, atol=1e-5)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
     assert all(torch.allclose(g, r, atol=1e-5) for g, r in zip(grads, ref_grads))
 
 

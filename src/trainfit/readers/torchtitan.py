@@ -365,12 +365,16 @@ def _model_ref(name: str, flavor: str, assets: str, r: Reading) -> str | None:
         raise SetupError(f"{_file(r)}: model.name {name!r} (flavor {flavor}) is a torchtitan model trainfit does not "
                          f"model on --stack torchtitan (it models {', '.join(sorted(built))}); estimate its "
                          "architecture with --stack hf or megatron, e.g. `trainfit estimate MODEL --stack megatron`")
-    flavors = facts["moe_models"].get(name)
+    moe = facts["moe_models"]
+    if flavor in moe.get("refused_flavors", {}).get(name, ()):
+        # (flavors that do not train as torchtitan 0.2.2 ships them: stacks/torchtitan.toml [moe_models])
+        raise SetupError(f"{_file(r)}: model.name {name!r} flavor {flavor!r}: {moe['refused_why']}; "
+                         f"{moe['refused_instead']}")
+    flavors = moe.get(name)
     if isinstance(flavors, dict) and flavor not in flavors:
         raise SetupError(f"{_file(r)}: model.name {name!r} flavor {flavor!r} is not one trainfit models on --stack "
                          f"torchtitan (it models {name} {', '.join(sorted(flavors))}: stacks/torchtitan.toml "
-                         "[moe_models]; llama4's iRoPE flavors run flex attention over block-causal chunks); use "
-                         "one of those flavors, or --stack hf")
+                         "[moe_models]); use one of those flavors, or --stack hf")
     cfg = Path(assets) / "config.json"
     if cfg.is_file():
         return str(cfg)

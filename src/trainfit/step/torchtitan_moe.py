@@ -289,7 +289,7 @@ def cpu_flex_op():
                     kk, vv = k[i, j // rep].float(), v[i, j // rep].float()
                     for c in range(0, s, _CHUNK):
                         sc = (q[i, j, c:c + _CHUNK].float() @ kk.T) * scale
-                        sc.masked_fill_(~_dense_mask(mask, c, min(s, c + _CHUNK), s), float("-inf"))
+                        sc.masked_fill_(~_dense_mask(mask, i, c, min(s, c + _CHUNK), s), float("-inf"))
                         lse = torch.logsumexp(sc, dim=-1)
                         out[i, j, c:c + _CHUNK] = (torch.exp(sc - lse[:, None]) @ vv).to(q.dtype)
                         lse2[i, j, c:c + _CHUNK] = lse / math.log(2)
@@ -317,7 +317,7 @@ def cpu_flex_op():
                         e = min(s, c + _CHUNK)
                         qq, do = q[i, j, c:e].float(), dout[i, j, c:e].float()
                         sc = (qq @ kk.T) * ctx.scale
-                        sc.masked_fill_(~_dense_mask(ctx.mask, c, e, s), float("-inf"))
+                        sc.masked_fill_(~_dense_mask(ctx.mask, i, c, e, s), float("-inf"))
                         p = torch.exp(sc - lse2[i, j, c:e, None] * math.log(2))
                         dvv += p.T @ do
                         dp = do @ vv.T
@@ -333,11 +333,13 @@ def cpu_flex_op():
     return _OP[0]
 
 
-def _dense_mask(key: int, start: int, end: int, s: int) -> torch.Tensor:
-    """Rows start:end of the block mask's mask_mod over s keys (torchtitan's mask mods are tensor expressions:
-    models/attention.py:208-296)."""
+def _dense_mask(key: int, batch: int, start: int, end: int, s: int) -> torch.Tensor:
+    """Rows start:end of the block mask's mask_mod over s keys for sequence `batch` of the batch (torchtitan's mask
+    mods are tensor expressions: models/attention.py:208-296; its document mask reads the sequence's own document
+    ids, :234-237, where the causal and window masks ignore b)."""
     zero = torch.zeros((), dtype=torch.long)
-    return _MASKS[key](zero, zero, torch.arange(start, end)[:, None], torch.arange(s)[None, :])
+    b = torch.tensor(batch, dtype=torch.long)
+    return _MASKS[key](b, zero, torch.arange(start, end)[:, None], torch.arange(s)[None, :])
 
 
 def cpu_flex_attention(q, k, v, *, block_mask=None, scale=None, enable_gqa=False, return_lse=False, **_):
