@@ -244,6 +244,7 @@ def cpu_kernels(model: torch.nn.Module):
     finally:
         kernels.fill_indices_wrapper, torch.histc = triton_fill, histc
         FlexAttentionWrapper._compiled_flex_attn = flex
+        _MASKS.clear()  # (the step's masks, held for the stand-in's backward: released with the step)
 
 
 def forward_kwargs(model: torch.nn.Module, tokens: torch.Tensor) -> dict:
