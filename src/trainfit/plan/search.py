@@ -594,7 +594,7 @@ def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
             splits = ()
         elif not judge_first and probe.limit <= LAZY_LIMIT:
             # its splits' micro-batches run up to the largest that fits, which only its memory tells: bounded over
-            # every micro-batch its room allows, its memory judged only when the search takes it
+            # every micro-batch its room allows, its memory judged only when one of them is about to be timed
             splits = [(b, lay.pp if lay.pp > 1 else 1) for b in range(1, probe.limit + 1)]
             allowed = _Judged(probe, lay, q.batch_tolerance)
         else:
