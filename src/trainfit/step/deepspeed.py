@@ -141,6 +141,11 @@ def resident_tensors(engine, optimizer) -> dict:
         states += [v for v in st.values() if isinstance(v, torch.Tensor)]
     for g in inner.param_groups:
         states += [p for p in g["params"] if isinstance(p, torch.Tensor)]
+    # ZeRO-3's fp32 partitions: its client optimizer's groups hold them only inside the step (deepspeed 0.19.8
+    # runtime/zero/stage3.py:1208 empties them, :1260-1262 _optimizer_step sets and empties them again); ZeRO-1/2's
+    # single_partition_of_fp32_groups are the groups' own params (stage_1_and_2.py:584), counted once
+    for name in ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups"):
+        states += [t for t in (getattr(optimizer, name, None) or []) if isinstance(t, torch.Tensor)]
     return {"weights": weights, "states": states, "buckets": []}
 
 
