@@ -126,3 +126,21 @@ def test_autoep_steps_on_four_cpu_ranks_match_analytic():
     ones over all 4."""
     for est, ranks in _measured(4, [(2, "bf16-master"), (3, "bf16-master")]):
         _check(est, ranks)
+
+
+def test_a_deepspeed_config_with_autoep_is_read_as_ep(tmp_path):
+    """`trainfit check ds.json`: DeepSpeed's own parser reads the expert_parallel block (readers/deepspeed.py): enabled
+    with autoep_size 4 is --ep 4; a key away from AutoEP's defaults that trainfit does not model is named."""
+    pytest.importorskip("deepspeed")
+    import json
+
+    from trainfit.readers import read
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,
+                                "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+                                "zero_optimization": {"stage": 2},
+                                "expert_parallel": {"enabled": True, "autoep_size": 4, "gate_up_impl": "fused"}}))
+    r = read(path)
+    assert r.values["ep"] == 4 and r.values["dp"] == 8 and not r.unknown
+    assert any(x.startswith("expert_parallel.gate_up_impl = 'fused'") for x in r.not_modelled)
