@@ -77,14 +77,14 @@ def test_estimate_runs_and_prices_the_all_to_alls(cli):
     assert d["detail"]["step_time"]["ep_comm"] > 0
 
 
-def _measured(dp: int, cases):
+def _measured(dp: int, cases, model: str = "tiny-mixtral"):
     pytest.importorskip("deepspeed")
     from bench.targets import deepspeed_autoep_cpu as b
 
     from trainfit.analytic.memory import train_memory
 
-    setups = [b.case("tiny-mixtral", dp, z, p)[1] for z, p in cases]
-    spec = load_model("tiny-mixtral")
+    setups = [b.case(model, dp, z, p)[1] for z, p in cases]
+    spec = load_model(model)
     return [(train_memory(spec, s), ranks) for s, ranks in zip(setups, b.measure_many(spec, setups))]
 
 
@@ -144,3 +144,15 @@ def test_a_deepspeed_config_with_autoep_is_read_as_ep(tmp_path):
     r = read(path)
     assert r.values["ep"] == 4 and r.values["dp"] == 8 and not r.unknown
     assert any(x.startswith("expert_parallel.gate_up_impl = 'fused'") for x in r.not_modelled)
+
+
+@pytest.mark.dist
+@pytest.mark.heavy
+def test_autoep_on_deepseek_v3_matches_analytic():
+    """tiny-deepseek (DeepSeek-V3's preset: MLA, a dense first layer, shared experts beside the routed ones, which
+    AutoEP keeps in the dense group). ZeRO-3 on 4 ranks: the experts' small tensors are whole beside their partitions
+    over the expert-data-parallel group of 2 (persistent_params)."""
+    for est, ranks in _measured(2, [(2, "bf16-master"), (3, "bf16-master")], "tiny-deepseek"):
+        _check(est, ranks)
+    (est, ranks), = _measured(4, [(3, "bf16-master")], "tiny-deepseek")
+    _check(est, ranks)

@@ -130,10 +130,13 @@ def persistent_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Sta
     replay lays out (zero3_replay.hf_model) is taken tensor by tensor: the norms, and in a small model its small
     projections too (tiny-llama's q/k/v/o: 65,536 and 16,384 elements). NB: biases are not in that layout (under-
     counts by their whole copies, a few hidden-sized vectors per layer); another model: its layer norms and final
-    norm only."""
+    norm only. Under AutoEP the experts are the rank's w1, w2, w3 (autoep_routed), none where their expert-data-
+    parallel group is one rank (its partition is the whole tensor: no copy beside it, as persistent_copies)."""
     thr = _fact(setup, "stage3_param_persistence_threshold")
     if zero3_replay.replayable(spec):
-        model = _model(spec, pc, spec.family in setup.stack_facts.fact("leaf_module", "families"))
+        routed = autoep_routed(spec, setup)
+        model = _model(spec, pc, routed is None and spec.family in setup.stack_facts.fact("leaf_module", "families"),
+                       routed)
         numel = model.numel
         in_layers = {p for m in model.layers for p in m.subtree}
         layers = sum(numel[p] for p in in_layers if numel[p] <= thr)
@@ -228,7 +231,7 @@ def partition_grad_elements(spec: ModelSpec, pc: ParamCounts, setup: Setup, n: f
 def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Setup, persistent: float = 0.0,
                      largest: float = 0.0, tensors: int = 0, leftover: float = 0.0,
                      kept: float | None = None, frozen_persistent: float = 0.0,
-                     experts: float = 0.0) -> DeepSpeedStates:
+                     experts: float = 0.0, expert_largest: float = 0.0) -> DeepSpeedStates:
     """n: parameters on this rank before ZeRO; optimizer_bytes: their unsharded optimizer state (fp32 states:
     the ZeRO optimizers hand the client optimizer the fp32 partition); persistent: ZeRO-3's whole small
     parameters; largest: the largest parameter (ZeRO-Offload stages its gradient through a buffer of it, the
@@ -236,7 +239,8 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
     parameters still gathered at the backward's end (backward_leftovers); kept: ZeRO-1/2's gradient elements
     in the rank's partition buffer (partition_grad_elements; None: n/dp); frozen_persistent: a LoRA base's whole
     small parameters (counted in lora_frozen), which ZeRO-3's step releases with the rest; experts: of `n`, the
-    rank's own routed experts under AutoEP (expert_split), partitioned over the expert-data-parallel ranks."""
+    rank's own routed experts under AutoEP (expert_split), partitioned over the expert-data-parallel ranks, their
+    largest tensor `expert_largest` (`largest` then the dense parameters')."""
     dp, z = setup.dp, setup.zero
     w = st.weight  # the model dtype: 2 under bf16/fp16-master, 4 under fp32
     low = st.master > 0  # a 16-bit model with fp32 masters
@@ -247,6 +251,18 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
     # the step takes one optimizer group at a time (stage_1_and_2.py:3075 `for i, group in enumerate(
     # self.bit16_groups)`, stage3.py:936-943 a group's own sub-groups): its flat gradient and cast are the larger one's
     group_part = max((n - experts) / dp, experts / edp)
+    whole = max(largest, expert_largest)  # the rank's largest parameter tensor
+    # the clip's norm casts one gradient piece at a time (grad_clip.zero_clip): ZeRO-1/2's pieces are cut at their
+    # group's partition edges, ZeRO-3's are each parameter's partition over its group; `clip_largest` gives the
+    # clip the largest piece over the two groups (min(largest, partition) / largest / dp: zero_clip's own rules).
+    # NB: ZeRO-1/2's most gradient elements (kept) and this largest piece are each the most over the ranks, which
+    # may be two ranks: over-counts then (tiny-deepseek --ep 2 on 4 ranks, ZeRO-2's optimizer phase: +5.3 %)
+    if not experts:
+        clip_largest = largest
+    elif z == 3:
+        clip_largest = dp * max(largest / dp, expert_largest / edp)
+    else:
+        clip_largest = max(min(largest, (n - experts) / dp), min(expert_largest, experts / edp))
     off_opt = setup.offload_state in ("optimizer", "params")
     host = 0.0
     if z == 0:
@@ -260,7 +276,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         # copy (engine.py:3795), made at the backward's end with the grads live
         copies = setup.stack_facts.fact("stage0_optimizer", "fp32_grad_copies")["fused" if fused_adam(setup) else "unfused"]
         transient = max(copies * n * FP32 if low else 0.0,
-                        clip_work(setup, st, n, tensors, largest).temporaries)
+                        clip_work(setup, st, n, tensors, whole).temporaries)
         # the all-reduce runs inside engine.backward at the accumulation boundary (engine.py:3073 allreduce_gradients)
         # NB: one bucket's flat copy (the largest, min(n, bucket)); buckets after it reuse the freed memory. AutoEP:
         # the dense gradients' buckets, then the experts' over their expert-data-parallel group (engine.py:3932-3935
@@ -316,7 +332,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
     # NB: under ZeRO-Offload the norm is taken on the host copies (complete_grad_norm_calculation_for_cpu_offload):
     # not counted
     dropped = (n - kept) * w if z == 1 else 0.0  # (kept: set with the ZeRO-1/2 gradients above)
-    transient = max(transient, clip_work(setup, st, part, tensors, largest).temporaries - dropped)
+    transient = max(transient, clip_work(setup, st, part, tensors, clip_largest).temporaries - dropped)
     if z == 3:
         # ZeRO-3's step first releases every gathered parameter, the persistent whole copies too (stage3.py:2878
         # _partition_all_parameters -> parameter_offload.py:242 -> partitioned_param_coordinator.py:537-546
@@ -333,8 +349,8 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         if z < 3:
             # the partition's gradients go straight to the host fp32 gradient through a buffer of the largest
             # parameter on the device (stage_1_and_2.py:659 temp_grad_buffer_for_gpu_offload)
-            grads = largest * w
-            host += largest * w  # its pinned host twin (:653-658 temp_grad_buffer_for_cpu_offload)
+            grads = whole * w
+            host += whole * w  # its pinned host twin (:653-658 temp_grad_buffer_for_cpu_offload)
             if setup.grad_accum > 1:
                 # accumulating micro-batches keep each partition parameter's gradient in a pinned host buffer of
                 # the model dtype (stage_1_and_2.py:1822-1825 buffer_to_accumulate_to_in_cpu, made when
@@ -348,7 +364,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
             # cast goes to the host fp32 gradient (:1456-1457): one parameter's at a time.
             # NB: the largest parameter's partition and its fp32 cast taken live, nothing else
             host += grads
-            staged = largest / dp * (grad_bytes(setup, w) + FP32)
+            staged = whole / dp * (grad_bytes(setup, w) + FP32)
             grads = 0.0
         master, opt, transient = 0.0, 0.0, 0.0
     if setup.offload_state == "params":
@@ -364,20 +380,21 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
 
 
 def expert_split(spec: ModelSpec, pc: ParamCounts, setup: Setup, n: float, layers: int,
-                 largest: float) -> tuple[float, float, float]:
-    """(the rank's parameters, of them its routed experts, its largest parameter tensor) under AutoEP (--ep > 1):
+                 largest: float) -> tuple[float, float, float, float]:
+    """(the rank's parameters, of them its routed experts, its largest dense tensor, its largest expert tensor)
+    under AutoEP (--ep > 1):
     each MoE block replaced by an AutoEPMoELayer holding num_experts / autoep_size of the experts (module_inject/
     auto_ep.py:692-730 replace_moe_layers; the router, shared experts and the rest of the layer whole), as the other
     stacks' expert parallelism splits them (parallel/expert.py split_params), in three grouped tensors w1, w3
     (E/ep, i, h) and w2 (E/ep, h, i) (auto_ep_layer.py:632-636 -> moe/ep_experts.py:423-425 GroupedExperts), not
     transformers' one (E, 2i, h) gate_up_proj. NB: the rank's parameter tensors (the clip's per-tensor norms)
     are still counted as transformers' two expert tensors a layer (one fewer than AutoEP's three: a few bytes).
-    (n, 0, largest) without --ep."""
+    (n, 0, largest, 0) without --ep."""
     if setup.ep <= 1:
-        return n, 0.0, largest
+        return n, 0.0, largest, 0.0
     dense, experts = split_params(spec, pc, setup, n, layers)
-    return dense + experts, experts, largest_tensor(spec, local_experts(spec, setup) * spec.moe.expert_intermediate
-                                                    * spec.hidden)
+    return (dense + experts, experts, largest_tensor(spec, experts=0),
+            local_experts(spec, setup) * spec.moe.expert_intermediate * spec.hidden)
 
 
 def backward_leftovers(pc: ParamCounts, setup: Setup, stage: Stage) -> float:
