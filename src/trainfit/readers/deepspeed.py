@@ -280,7 +280,7 @@ def parse(d: dict, r: Reading, source: str):
             from None
 
 
-# expert_parallel keys at AutoEP's defaults that trainfit's --ep models (auto_ep_config.py:39-50 parse_autoep_config;
+# expert_parallel keys at AutoEP's defaults that trainfit's --ep models (auto_ep_config.py:42-50 parse_autoep_config;
 # the preset is found from the model's type when unnamed, stacks/deepspeed.toml [expert_parallel] families)
 EP_MODELLED = {"enabled": None, "autoep_size": None, "expert_tensor_parallel_size": 1, "preset_model": None,
                "comm_backend": "comm"}
