@@ -28,6 +28,18 @@ class DeepSpeedModel(StackModel):
                              f"{', '.join(families)}, not {spec.family} ({spec.name}); drop --ep, or use --stack "
                              "megatron or torchtitan")
 
+    def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
+        """Under --ep: AutoEP's router-logit retargeting calls transformers' output-capture registry as a dict
+        (deepspeed 0.19.8 module_inject/auto_ep_presets/base.py:325-328 `registry.get(key, default)`), which
+        transformers 5.24's _CanRecordRegistry.get (utils/output_capturing.py:48-50) does not take."""
+        notes = super().notes(spec, setup)
+        if setup.ep > 1:
+            notes.append("AutoEP (deepspeed 0.19.8) with transformers 5.24: deepspeed.initialize raises 'TypeError: "
+                         "_CanRecordRegistry.get() takes 2 positional arguments but 3 were given' "
+                         "(auto_ep_presets/base.py:325-328); trainfit's measure step reads the registry as a dict "
+                         "(step/deepspeed.py), a run needs the same or another transformers release")
+        return notes
+
     def reduce_behind_backward(self, setup: Setup) -> bool:
         """With overlap_comm (ZeRO-3's default, --overlap-comm at 1/2) on its reduction stream; else on the
         backward's stream (stage_1_and_2.py:1590-1614) or after the backward (ZeRO-0: engine.py:3088-3095)."""
