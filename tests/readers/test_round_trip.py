@@ -67,6 +67,8 @@ CASES = [
                                            overlap_comm=True)),
     ("deepspeed", ".json", DEEPSPEED, dict(stack="deepspeed", precision="fp16-master", batch=4, grad_accum=2, dp=2,
                                            zero=2, offload="optimizer")),
+    ("deepspeed", ".json", DEEPSPEED + ("ep",), dict(model="mixtral-8x7b", stack="deepspeed", precision="bf16-master",
+                                                   batch=1, dp=8, ep=4, zero=3)),
     ("accelerate", ".yaml", ACCELERATE, dict(stack="hf", precision="amp-bf16", dp=8, zero=3, recompute="full")),
     ("accelerate", ".yaml", ACCELERATE, dict(stack="hf", precision="amp-fp16", dp=4, zero=2)),
     ("accelerate", ".yaml", ACCELERATE, dict(stack="hf", precision="fp32", dp=4, zero=0)),

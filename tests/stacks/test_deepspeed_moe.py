@@ -1,6 +1,6 @@
-"""--stack deepspeed on an MoE model: expert parallelism is refused (AutoEP is not modelled), and ZeRO-3's gathered
-parameters (analytic/parallel/zero3_replay.py) against hand counts of transformers' modules and against DeepSpeed's
-own coordinator on 2 CPU ranks (bench/targets/deepspeed_moe_cpu.py)."""
+"""--stack deepspeed on an MoE model (its expert parallelism, AutoEP: tests/stacks/test_deepspeed_autoep.py): ZeRO-3's
+gathered parameters (analytic/parallel/zero3_replay.py) against hand counts of transformers' modules and against
+DeepSpeed's own coordinator on 2 CPU ranks (bench/targets/deepspeed_moe_cpu.py)."""
 from __future__ import annotations
 
 import pytest
@@ -9,9 +9,7 @@ from trainfit import stacks
 from trainfit.analytic.params import count_params
 from trainfit.analytic.parallel import zero3_replay
 from trainfit.analytic.parallel.deepspeed import gathered_numel
-from trainfit.errors import SetupError
 from trainfit.models.resolve import load_model
-from trainfit.setup import Setup
 
 # tiny-mixtral (catalog): hidden 256, intermediate 512, 4 experts, 2 layers, 8 heads x 32, 2 kv heads, vocab 2000,
 # untied: by hand from transformers 5.24 modeling_mixtral.py
@@ -25,19 +23,6 @@ SMALL = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0, "stag
 def _spec():
     spec = load_model("tiny-mixtral")
     return spec, count_params(spec)
-
-
-def test_ep_is_refused_with_what_deepspeed_would_need():
-    with pytest.raises(SetupError) as e:
-        Setup(stack="deepspeed", dp=4, ep=2, zero=3)
-    msg = str(e.value)
-    assert "--ep" in msg and "AutoEP" in msg and "expert_parallel.autoep_size" in msg and "drop --ep" in msg
-    assert "megatron" in msg and "torchtitan" in msg and "\n" not in msg
-
-
-def test_cli_refuses_ep_on_deepspeed_with_exit_2(cli):
-    rc, _, err = cli("estimate", "tiny-mixtral", "--stack", "deepspeed", "--dp", "4", "--ep", "2", "--zero", "3")
-    assert rc == 2 and "AutoEP" in err
 
 
 def test_small_model_stays_gathered_whole_at_the_turn():

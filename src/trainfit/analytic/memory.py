@@ -216,6 +216,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     gathered = 0.0 if fsdp2 else gathered_params(pc_gathered, setup, st, stage)
     ds = None  # DeepSpeed's ZeRO engine allocates its own states and buckets (parallel/deepspeed.py)
     if ds_zero.deepspeed_engine(setup):
+        # AutoEP: the rank's own experts only, partitioned over their expert-data-parallel group (ds_zero.expert_split)
+        n, ds_experts, largest, expert_largest = ds_zero.expert_split(spec, pc, setup, n, stage.layers, largest)
         persistent = frozen_persistent = ds_zero.persistent_params(spec, pc, setup, stage)
         if setup.lora_rank:  # the adapters' states; the frozen base beside them (ds_zero.lora_frozen)
             frozen = ds_zero.lora_frozen(spec, setup, st, n_base, persistent)
@@ -224,8 +226,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
                                       persistent, largest,
                                       tensors_per_rank(spec, stage.layers, stage.embedding, stage.head),
                                       ds_zero.backward_leftovers(pc, setup, stage),
-                                      ds_zero.partition_grad_elements(spec, pc, setup, n),
-                                      frozen_persistent if setup.lora_rank else 0.0)
+                                      ds_zero.partition_grad_elements(spec, pc, setup, n, ds_experts),
+                                      frozen_persistent if setup.lora_rank else 0.0, ds_experts, expert_largest)
         ms, gathered = ds.states, ds_zero.gathered(spec, pc, setup, st, layer_params(spec, pc, setup))
         if setup.lora_rank:
             ms = replace(ms, weights=ms.weights + frozen)

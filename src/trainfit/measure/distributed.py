@@ -200,7 +200,8 @@ def measure_distributed_many(
         kit = stack_step(setup)
         if setup.ep > 1 and not getattr(kit, "EXPERT_PARALLEL", False):
             raise EngineUnavailableError(f"--ep {setup.ep}: the measure engine runs expert parallelism in "
-                                         "torchtitan's own step only (--stack torchtitan); use --engine analytic")
+                                         "torchtitan's and DeepSpeed's (AutoEP) own steps only (--stack torchtitan or "
+                                         "deepspeed); use --engine analytic")
         kit.check_ranks(spec, setup)  # refused here, in one line, rather than by every rank
     try:
         import torch.distributed as dist

@@ -212,7 +212,8 @@ def _precision(bf16: bool, fp16: bool) -> str:
 
 
 MAPPED = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-          "bf16", "bfloat16", "fp16", "zero_optimization", "activation_checkpointing", "sequence_parallel_size")
+          "bf16", "bfloat16", "fp16", "zero_optimization", "activation_checkpointing", "sequence_parallel_size",
+          "expert_parallel")
 
 
 def read_optimizer(cfg, r: Reading) -> None:
@@ -279,6 +280,28 @@ def parse(d: dict, r: Reading, source: str):
             from None
 
 
+# expert_parallel keys at AutoEP's defaults that trainfit's --ep models (auto_ep_config.py:42-50 parse_autoep_config;
+# the preset is found from the model's type when unnamed, stacks/deepspeed.toml [expert_parallel] families)
+EP_MODELLED = {"enabled": None, "autoep_size": None, "expert_tensor_parallel_size": 1, "preset_model": None,
+               "comm_backend": "comm"}
+
+
+def read_expert_parallel(cfg, raw: dict, r: Reading) -> None:
+    """AutoEP's block (runtime/config.py:171-176, parsed by DeepSpeed into cfg.expert_parallel_config): enabled with
+    autoep_size N is --ep N; its other keys away from their defaults are named as not modelled."""
+    block = raw.get("expert_parallel")
+    if not isinstance(block, dict):
+        return
+    ep = cfg.expert_parallel_config
+    if ep.enabled:
+        r.set("ep", int(ep.autoep_size), "expert_parallel.autoep_size")
+    for k, v in block.items():
+        if k in EP_MODELLED and (EP_MODELLED[k] is None or v == EP_MODELLED[k]):
+            continue
+        r.skip(f"expert_parallel.{k}", v, "memory and time: trainfit models AutoEP's defaults (the all-to-all of "
+                                          "comm_backend 'comm', separate gate and up GEMMs, no expert TP)")
+
+
 def _settings(cfg, raw: dict, r: Reading, auto: list) -> None:
     r.set("stack", "deepspeed", "deepspeed")
     micro, accum = raw.get("train_micro_batch_size_per_gpu"), raw.get("gradient_accumulation_steps")
@@ -307,6 +330,7 @@ def _settings(cfg, raw: dict, r: Reading, auto: list) -> None:
     opt, par = (str(getattr(x, "value", x)) if x is not None else "none" for x in (opt, par))
     read_offload(r, opt, par, "zero_optimization.offload_optimizer", "zero_optimization.offload_param")
     read_optimizer(cfg, r)
+    read_expert_parallel(cfg, raw, r)
     if "activation_checkpointing" in raw:  # DeepSpeed's checkpointing API (the model must call it: HF
         # gradient_checkpointing=True): every layer recomputed, as the writer emits it
         r.set("recompute", "full", "activation_checkpointing")

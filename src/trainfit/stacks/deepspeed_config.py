@@ -38,6 +38,11 @@ def ds_config(s) -> dict:
         "steps_per_print": 10,
         "wall_clock_breakdown": False,
     }
+    if getattr(s, "ep", 1) > 1:
+        # AutoEP (deepspeed 0.19.8 runtime/config.py:171-176 -> module_inject/auto_ep_config.py:42-50
+        # parse_autoep_config): the HF model's MoE blocks replaced by AutoEPMoELayer, E / autoep_size experts a rank
+        # (runtime/engine.py:816-913 _configure_expert_parallel); the preset found from the model's own config
+        cfg["expert_parallel"] = {"enabled": True, "autoep_size": s.ep}
     if getattr(s, "ulysses", 1) > 1:  # config.py:468-469; the groups: runtime/sequence_parallel/parallel_state_sp.py
         cfg["sequence_parallel_size"] = s.ulysses
     if s.zero == 3:

@@ -15,6 +15,7 @@ holds (:556-577), which READ_BASELINE tells the worker to take as they are.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable
 
 from ..errors import EngineUnavailableError, SetupError
@@ -26,6 +27,7 @@ STRATEGIES = {0: "DeepSpeed engine, ZeRO-0 (data parallel)", 1: "DeepSpeedZeroOp
 NOTE = "DeepSpeed's own step: deepspeed.initialize with the --emit deepspeed config"
 DDP_TAKES_MESH = False  # deepspeed.initialize uses the default process group
 READ_BASELINE = True  # the worker reads the session's live bytes (module docstring)
+EXPERT_PARALLEL = True  # --ep: AutoEP (the config's expert_parallel block, stacks/deepspeed_config.py)
 # every buffer the engine keeps is a tensor Python holds (the optimizers' flat groups, partitions, ipg buckets): a
 # block none holds at the step's end was freed unreported. gloo's worker thread can drop the last reference to a
 # collective's input after the caller: the flat bucket an all-reduce runs on (engine.py:3796 and
@@ -76,9 +78,20 @@ def build(spec, setup, device="cpu", mesh=None):
 
 
 def client_optimizer(model, setup):
+    """The torch optimizer over the model's parameters; under --ep a callable DeepSpeed calls once AutoEP has
+    replaced the MoE blocks (engine.py:2336-2340, `client_optimizer(model_parameters)`), over the parameters split
+    into the dense group and one 'moe' group per expert-parallel size: ZeRO-1/2 assert such a group exists
+    (deepspeed 0.19.8 runtime/zero/stage_1_and_2.py:872-874) and partition it over the expert-data-parallel group
+    (:876-881); split as DeepSpeed splits its own optimizer's parameters (engine.py:2330-2331 ->
+    moe/utils.py:156-183 configure_moe_param_groups)."""
     from .standard import _torch_optimizer
 
-    return _torch_optimizer(list(model.parameters()), setup.optimizer, setup.optimizer_kernel)
+    if setup.ep <= 1:
+        return _torch_optimizer(list(model.parameters()), setup.optimizer, setup.optimizer_kernel)
+    from deepspeed.moe.utils import configure_moe_param_groups
+
+    return lambda params: _torch_optimizer(configure_moe_param_groups(list(params)), setup.optimizer,
+                                           setup.optimizer_kernel)
 
 
 def wrap(model, setup, device_type: str = "cpu", device_index: int | None = None, mesh=None):
@@ -90,9 +103,38 @@ def wrap(model, setup, device_type: str = "cpu", device_index: int | None = None
                                      "pip install deepspeed") from e
     check(setup)
     _skip_shm_kernel(deepspeed)
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client_optimizer(model, setup),
-                                                   config={**ds_config(setup), "zero_allow_untested_optimizer": True})
+    with _output_capture_registry_as_dict(setup):
+        engine, optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=client_optimizer(model, setup),
+            config={**ds_config(setup), "zero_allow_untested_optimizer": True})
     return engine, optimizer
+
+
+@contextmanager
+def _output_capture_registry_as_dict(setup):
+    """Under --ep, let AutoEP read transformers 5.24's output-capture registry as the plain dict it expects.
+    AutoEP retargets the router-logit recorders by `registry.get(key, default)` with a class-name string key
+    (deepspeed 0.19.8 module_inject/auto_ep_presets/base.py:325-328, :361-363), but transformers 5.24's
+    _CanRecordRegistry.get takes a model alone (utils/output_capturing.py:48-50), so replace_moe_layers raises
+    "TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3 were given" (auto_ep.py:730). Inside
+    deepspeed.initialize a string key is looked up as dict.get does (the registry is keyed by str(class),
+    output_capturing.py:45-46); a model is looked up as before. Changes no tensor."""
+    if setup.ep <= 1:
+        yield
+        return
+    from transformers.utils import output_capturing
+
+    registry = output_capturing._CanRecordRegistry
+    original = registry.get
+
+    def get(self, key, *default):
+        return dict.get(self, key, *default) if isinstance(key, str) else original(self, key)
+
+    registry.get = get
+    try:
+        yield
+    finally:
+        registry.get = original
 
 
 def _skip_shm_kernel(deepspeed) -> None:
@@ -141,6 +183,11 @@ def resident_tensors(engine, optimizer) -> dict:
         states += [v for v in st.values() if isinstance(v, torch.Tensor)]
     for g in inner.param_groups:
         states += [p for p in g["params"] if isinstance(p, torch.Tensor)]
+    # ZeRO-3's fp32 partitions: its client optimizer's groups hold them only inside the step (deepspeed 0.19.8
+    # runtime/zero/stage3.py:1208 empties them, :1260-1262 _optimizer_step sets and empties them again); ZeRO-1/2's
+    # single_partition_of_fp32_groups are the groups' own params (stage_1_and_2.py:584), counted once
+    for name in ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups"):
+        states += [t for t in (getattr(optimizer, name, None) or []) if isinstance(t, torch.Tensor)]
     return {"weights": weights, "states": states, "buckets": []}
 
 
@@ -149,5 +196,5 @@ def prepare(spec, setup, device="cpu"):
                                  "not in one process")
 
 
-__all__ = ["NOTE", "DDP_TAKES_MESH", "STRATEGIES", "READ_BASELINE", "python_held", "check", "check_ranks", "ds_config", "build", "wrap", "make_batches", "run_step",
-           "resident_tensors", "prepare"]
+__all__ = ["NOTE", "DDP_TAKES_MESH", "EXPERT_PARALLEL", "STRATEGIES", "READ_BASELINE", "python_held", "check",
+           "check_ranks", "ds_config", "build", "wrap", "make_batches", "run_step", "resident_tensors", "prepare"]

@@ -37,11 +37,13 @@ from functools import lru_cache
 from ...setup import Setup
 from ...spec import ModelSpec
 from ..grad_clip import clip_work
-from ..params import ParamCounts
+from ..params import ParamCounts, local_experts
 from ..precision import StateBytes
 from ..stacks import model_for
 from . import zero3_replay
+from .expert import split_params
 from .pipeline import Stage
+from .tensor import largest_tensor
 from .zero import ModelStates
 
 FP32 = 4
@@ -128,10 +130,13 @@ def persistent_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Sta
     replay lays out (zero3_replay.hf_model) is taken tensor by tensor: the norms, and in a small model its small
     projections too (tiny-llama's q/k/v/o: 65,536 and 16,384 elements). NB: biases are not in that layout (under-
     counts by their whole copies, a few hidden-sized vectors per layer); another model: its layer norms and final
-    norm only."""
+    norm only. Under AutoEP the experts are the rank's w1, w2, w3 (autoep_routed), none where their expert-data-
+    parallel group is one rank (its partition is the whole tensor: no copy beside it, as persistent_copies)."""
     thr = _fact(setup, "stage3_param_persistence_threshold")
     if zero3_replay.replayable(spec):
-        model = _model(spec, pc, spec.family in setup.stack_facts.fact("leaf_module", "families"))
+        routed = autoep_routed(spec, setup)
+        model = _model(spec, pc, routed is None and spec.family in setup.stack_facts.fact("leaf_module", "families"),
+                       routed)
         numel = model.numel
         in_layers = {p for m in model.layers for p in m.subtree}
         layers = sum(numel[p] for p in in_layers if numel[p] <= thr)
@@ -159,66 +164,105 @@ def persistent_copies(persistent: float, setup: Setup, w: float) -> float:
     return 0.0
 
 
-def registration_order(spec: ModelSpec, pc: ParamCounts, setup: Setup) -> list[int] | None:
+def registration_order(spec: ModelSpec, pc: ParamCounts, setup: Setup, routed: bool = True) -> list[int] | None:
     """Elements of each parameter in the order model.parameters() yields them (the client optimizer's group, which
     ZeRO-1/2 flattens in that order: stage_1_and_2.py:428-434, :504-517), for a model zero3_replay lays out: the
     embedding, each layer's modules as transformers' decoder layer registers them (self_attn, mlp, then its two
-    norms: models/llama/modeling_llama.py LlamaDecoderLayer.__init__), the final norm, an untied LM head. None for
-    another model. NB: biases are not in the layout, and a family registering its layer otherwise (extra norms,
-    norms first) is laid out as Llama's."""
+    norms: models/llama/modeling_llama.py LlamaDecoderLayer.__init__), the final norm, an untied LM head; without the
+    routed experts' tensors unless `routed` (AutoEP's dense group: the experts are a group of their own, whose
+    replacement layer takes the block's place, engine.py:2330-2331 -> moe/utils.py:156-183). None for another model.
+    NB: biases are not in the layout, and a family registering its layer otherwise (extra norms, norms first) is
+    laid out as Llama's."""
     if not zero3_replay.replayable(spec):
         return None
     model = _model(spec, pc, spec.family in setup.stack_facts.fact("leaf_module", "families"))
     numel, root = model.numel, model.root
+    keep = (lambda p: True) if routed else (lambda p: p not in model.experts)
     body, head = root.children
     out = [numel[p] for p in body.children[0].subtree]  # the embedding
     for layer in model.layers:  # box(input norm, self_attn, post norm, mlp), the forward's order
         norm_in, attn, norm_post, mlp = layer.children
-        out += [numel[p] for m in (attn, mlp, norm_in, norm_post) for p in m.subtree]
+        out += [numel[p] for m in (attn, mlp, norm_in, norm_post) for p in m.subtree if keep(p)]
     out += [numel[p] for p in body.children[-1].subtree]  # the final norm
     if not spec.tied_embeddings:
         out += [numel[p] for p in head.subtree]
     return out
 
 
-def partition_grad_elements(spec: ModelSpec, pc: ParamCounts, setup: Setup, n: float) -> float | None:
-    """ZeRO-1/2 with contiguous_gradients copy each reduced gradient of the rank's partition into grads_in_partition,
-    sized as the whole parameters the partition touches (stage_1_and_2.py:2185-2194, copy_grads_in_partition,
-    called for stage 2 at :2270-2271 and stage 1 at :2273-2274): a parameter cut by a partition edge is whole in
-    both ranks' buffers (get_partition_info :2579-2607). The partitions are len(flat) / dp elements, the flat group
-    padded to a multiple of 2·dp (:387, :441-446, :585). The most over the ranks, by registration_order; None
-    where the layout is not known or is not the rank's trainable parameters (`n`, e.g. LoRA adapters)."""
-    sizes = registration_order(spec, pc, setup)
-    dp = setup.dp
-    if sizes is None or setup.lora_rank or sum(sizes) != int(n) or dp <= 1:
-        return None
-    align = 2 * dp
-    size = -(-sum(sizes) // align) * align // dp
-    best = 0
-    for r in range(dp):
+def _kept(sizes: list[int], ranks: int) -> list[int]:
+    """Per rank of `ranks`, the elements of the whole parameters its partition of the flat group `sizes` touches
+    (partition_grad_elements)."""
+    align = 2 * ranks
+    size = -(-sum(sizes) // align) * align // ranks
+    kept = []
+    for r in range(ranks):
         start, end, offset, total = r * size, (r + 1) * size, 0, 0
         for x in sizes:
             if start <= offset < end or offset < start < offset + x:
                 total += x
             offset += x
-        best = max(best, total)
-    return float(best)
+        kept.append(total)
+    return kept
+
+
+def partition_grad_elements(spec: ModelSpec, pc: ParamCounts, setup: Setup, n: float,
+                            experts: float = 0.0) -> float | None:
+    """ZeRO-1/2 with contiguous_gradients copy each reduced gradient of the rank's partition into grads_in_partition,
+    sized as the whole parameters the partition touches (stage_1_and_2.py:2185-2194, copy_grads_in_partition,
+    called for stage 2 at :2270-2271 and stage 1 at :2273-2274): a parameter cut by a partition edge is whole in
+    both ranks' buffers (get_partition_info :2579-2607). The partitions are len(flat) / dp elements, the flat group
+    padded to a multiple of 2·dp (:387, :441-446, :585). The most over the ranks, by registration_order; None
+    where the layout is not known or is not the rank's trainable parameters (`n`, e.g. LoRA adapters). Under AutoEP
+    (`experts`: the rank's routed experts, of `n`) the dense group over dp and the experts' group over the
+    expert-data-parallel ranks (stage_1_and_2.py:876-881), its flat the rank's w1, w2, w3 of each MoE layer
+    (expert_split), rank r in position r // ep of its expert-data-parallel group (utils/groups.py:591-603)."""
+    dp = setup.dp
+    sizes = registration_order(spec, pc, setup, routed=not experts)
+    if sizes is None or setup.lora_rank or sum(sizes) != int(n - experts) or dp <= 1:
+        return None
+    dense = _kept(sizes, dp)
+    if not experts:
+        return float(max(dense))
+    tensor = local_experts(spec, setup) * spec.moe.expert_intermediate * spec.hidden  # w1, w2, w3 alike
+    moe = _kept([int(tensor)] * int(round(experts / tensor)), setup.expert_dp)
+    return float(max(d + moe[r // setup.ep] for r, d in enumerate(dense)))
 
 
 def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Setup, persistent: float = 0.0,
                      largest: float = 0.0, tensors: int = 0, leftover: float = 0.0,
-                     kept: float | None = None, frozen_persistent: float = 0.0) -> DeepSpeedStates:
+                     kept: float | None = None, frozen_persistent: float = 0.0,
+                     experts: float = 0.0, expert_largest: float = 0.0) -> DeepSpeedStates:
     """n: parameters on this rank before ZeRO; optimizer_bytes: their unsharded optimizer state (fp32 states:
     the ZeRO optimizers hand the client optimizer the fp32 partition); persistent: ZeRO-3's whole small
     parameters; largest: the largest parameter (ZeRO-Offload stages its gradient through a buffer of it, the
     clip's norm casts it); tensors: the parameter tensors (the clip's per-tensor norms); leftover: ZeRO-3's
     parameters still gathered at the backward's end (backward_leftovers); kept: ZeRO-1/2's gradient elements
     in the rank's partition buffer (partition_grad_elements; None: n/dp); frozen_persistent: a LoRA base's whole
-    small parameters (counted in lora_frozen), which ZeRO-3's step releases with the rest."""
+    small parameters (counted in lora_frozen), which ZeRO-3's step releases with the rest; experts: of `n`, the
+    rank's own routed experts under AutoEP (expert_split), partitioned over the expert-data-parallel ranks, their
+    largest tensor `expert_largest` (`largest` then the dense parameters')."""
     dp, z = setup.dp, setup.zero
     w = st.weight  # the model dtype: 2 under bf16/fp16-master, 4 under fp32
     low = st.master > 0  # a 16-bit model with fp32 masters
-    part = n / dp
+    # AutoEP: the experts' own optimizer group, partitioned over the expert-data-parallel group (Setup.expert_dp) by
+    # ZeRO-1/2 (stage_1_and_2.py:876-881) and ZeRO-3 (engine.py:921-932), the dense rest over dp
+    edp = setup.expert_dp if experts else 1
+    part = (n - experts) / dp + experts / edp
+    # the step takes one optimizer group at a time (stage_1_and_2.py:3075 `for i, group in enumerate(
+    # self.bit16_groups)`, stage3.py:936-943 a group's own sub-groups): its flat gradient and cast are the larger one's
+    group_part = max((n - experts) / dp, experts / edp)
+    whole = max(largest, expert_largest)  # the rank's largest parameter tensor
+    # the clip's norm casts one gradient piece at a time (grad_clip.zero_clip): ZeRO-1/2's pieces are cut at their
+    # group's partition edges, ZeRO-3's are each parameter's partition over its group; `clip_largest` gives the
+    # clip the largest piece over the two groups (min(largest, partition) / largest / dp: zero_clip's own rules).
+    # NB: ZeRO-1/2's most gradient elements (kept) and this largest piece are each the most over the ranks, which
+    # may be two ranks: over-counts then (tiny-deepseek --ep 2 on 4 ranks, ZeRO-2's optimizer phase: +5.3 %)
+    if not experts:
+        clip_largest = largest
+    elif z == 3:
+        clip_largest = dp * max(largest / dp, expert_largest / edp)
+    else:
+        clip_largest = max(min(largest, (n - experts) / dp), min(expert_largest, experts / edp))
     off_opt = setup.offload_state in ("optimizer", "params")
     host = 0.0
     if z == 0:
@@ -232,12 +276,15 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         # copy (engine.py:3795), made at the backward's end with the grads live
         copies = setup.stack_facts.fact("stage0_optimizer", "fp32_grad_copies")["fused" if fused_adam(setup) else "unfused"]
         transient = max(copies * n * FP32 if low else 0.0,
-                        clip_work(setup, st, n, tensors, largest).temporaries)
+                        clip_work(setup, st, n, tensors, whole).temporaries)
         # the all-reduce runs inside engine.backward at the accumulation boundary (engine.py:3073 allreduce_gradients)
-        # NB: one bucket's flat copy (the largest, min(n, bucket)); buckets after it reuse the freed memory
-        flat = min(n, _fact(setup, "stage0_allreduce")) * w if setup.dp > 1 else 0.0
+        # NB: one bucket's flat copy (the largest, min(n, bucket)); buckets after it reuse the freed memory. AutoEP:
+        # the dense gradients' buckets, then the experts' over their expert-data-parallel group (engine.py:3932-3935
+        # -> :3898-3919 _reduce_expert_gradients), each flattened and freed in turn: the larger group's
+        bucket = _fact(setup, "stage0_allreduce")
+        flat = max(min(n - experts, bucket), min(experts, bucket)) * w if setup.dp > 1 else 0.0
         return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host, 0.0, flat)
-    opt = optimizer_bytes / dp
+    opt = optimizer_bytes * part / n if n else 0.0  # (optimizer_bytes / dp without experts)
     # every stage clones an fp32 partition, under fp32 too: stages 1-2 always (stage_1_and_2.py:556-577); stage 3
     # would reuse an fp32 partition already on its device (stage3.py:1162-1167), but compares its torch.device with
     # self.device, the accelerator's device name, a string (:333, cpu_accelerator.py:67-68 / cuda_accelerator.py:
@@ -265,7 +312,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         # fp32) the cast is the flat itself. Freed after the sub-group's update (:2927 -> :2735); under ZeRO-Offload
         # the step makes neither (:2706-2707: the fp32 gradient is already on the host), transient 0 below.
         # NB: one sub-group (sub_group_size 1e9 > n/dp in every modelled case)
-        flat = min(part, _fact(setup, "sub_group_size"))
+        flat = min(group_part, _fact(setup, "sub_group_size"))
         transient = flat * gb + (flat * FP32 if gb < FP32 else 0.0)
         backward_end = reduce_scatter_copies(n, setup, gb)
     else:
@@ -274,7 +321,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         grads = kept * grad_bytes(setup, w) if z == 2 else n * w  # grads_in_partition (:2192) / every .grad (stage 1)
         # :3113-3118: the partition's flat gradient and its fp32 cast are both live at the cast. Under fp32
         # the cast is a copy-free .to() (same dtype) and only the flat copy exists
-        transient = part * w + (part * FP32 if low else 0.0)
+        transient = group_part * w + (group_part * FP32 if low else 0.0)
         if z == 1:
             # the step first frees the gradients of the parameters outside the rank's partition (:3103
             # free_grad_in_param_list); those it touches are views of grads_in_partition
@@ -285,7 +332,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
     # NB: under ZeRO-Offload the norm is taken on the host copies (complete_grad_norm_calculation_for_cpu_offload):
     # not counted
     dropped = (n - kept) * w if z == 1 else 0.0  # (kept: set with the ZeRO-1/2 gradients above)
-    transient = max(transient, clip_work(setup, st, part, tensors, largest).temporaries - dropped)
+    transient = max(transient, clip_work(setup, st, part, tensors, clip_largest).temporaries - dropped)
     if z == 3:
         # ZeRO-3's step first releases every gathered parameter, the persistent whole copies too (stage3.py:2878
         # _partition_all_parameters -> parameter_offload.py:242 -> partitioned_param_coordinator.py:537-546
@@ -302,8 +349,8 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         if z < 3:
             # the partition's gradients go straight to the host fp32 gradient through a buffer of the largest
             # parameter on the device (stage_1_and_2.py:659 temp_grad_buffer_for_gpu_offload)
-            grads = largest * w
-            host += largest * w  # its pinned host twin (:653-658 temp_grad_buffer_for_cpu_offload)
+            grads = whole * w
+            host += whole * w  # its pinned host twin (:653-658 temp_grad_buffer_for_cpu_offload)
             if setup.grad_accum > 1:
                 # accumulating micro-batches keep each partition parameter's gradient in a pinned host buffer of
                 # the model dtype (stage_1_and_2.py:1822-1825 buffer_to_accumulate_to_in_cpu, made when
@@ -317,7 +364,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
             # cast goes to the host fp32 gradient (:1456-1457): one parameter's at a time.
             # NB: the largest parameter's partition and its fp32 cast taken live, nothing else
             host += grads
-            staged = largest / dp * (grad_bytes(setup, w) + FP32)
+            staged = whole / dp * (grad_bytes(setup, w) + FP32)
             grads = 0.0
         master, opt, transient = 0.0, 0.0, 0.0
     if setup.offload_state == "params":
@@ -325,9 +372,29 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         weights -= part * w
     if z in (1, 2):
         # the step's last moment, the all-gather of the updated 16-bit partitions: every gradient is freed by then
-        transient = max(transient, allgather_flat(n, w, setup) - grads)
+        # (per optimizer group: the experts' over their expert-data-parallel group, utils.py:1024-1032)
+        gather = max(allgather_flat(n - experts, w, setup), allgather_flat(experts, w, setup, edp))
+        transient = max(transient, gather - grads)
     return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host, in_backward,
                            backward_end, staged, leftover * w if z == 3 else None)
+
+
+def expert_split(spec: ModelSpec, pc: ParamCounts, setup: Setup, n: float, layers: int,
+                 largest: float) -> tuple[float, float, float, float]:
+    """(the rank's parameters, of them its routed experts, its largest dense tensor, its largest expert tensor)
+    under AutoEP (--ep > 1):
+    each MoE block replaced by an AutoEPMoELayer holding num_experts / autoep_size of the experts (module_inject/
+    auto_ep.py:692-730 replace_moe_layers; the router, shared experts and the rest of the layer whole), as the other
+    stacks' expert parallelism splits them (parallel/expert.py split_params), in three grouped tensors w1, w3
+    (E/ep, i, h) and w2 (E/ep, h, i) (auto_ep_layer.py:632-636 -> moe/ep_experts.py:423-425 GroupedExperts), not
+    transformers' one (E, 2i, h) gate_up_proj. NB: the rank's parameter tensors (the clip's per-tensor norms)
+    are still counted as transformers' two expert tensors a layer (one fewer than AutoEP's three: a few bytes).
+    (n, 0, largest, 0) without --ep."""
+    if setup.ep <= 1:
+        return n, 0.0, largest, 0.0
+    dense, experts = split_params(spec, pc, setup, n, layers)
+    return (dense + experts, experts, largest_tensor(spec, experts=0),
+            local_experts(spec, setup) * spec.moe.expert_intermediate * spec.hidden)
 
 
 def backward_leftovers(pc: ParamCounts, setup: Setup, stage: Stage) -> float:
@@ -357,7 +424,10 @@ def reduce_scatter_copies(n: float, setup: Setup, gb: float) -> float:
     reduce_bucket_size elements, in the reduction dtype `gb`.
     NB: min(n, reduce_bucket_size) taken at the backward's end only: a model over the bucket reduces a full bucket
     mid-backward too, with more activations live (under-counts there), and its last bucket holds the remainder
-    (over-counts here); a bucket of one tensor divisible by dp is reduced without the copy (:102-105, over-counts)."""
+    (over-counts here); a bucket of one tensor divisible by dp is reduced without the copy (:102-105, over-counts).
+    NB (AutoEP): the bucket is reduced whenever the next gradient's partition group differs (stage3.py:1579-1582),
+    so the last one holds the dense run after the first MoE layer's experts, not min(n, bucket): over-counts by the
+    rest (tiny-mixtral --ep 2, 2 ranks: backward +0.62 %, bench/results/deepspeed_autoep_cpu.md)."""
     if setup.zero < 3 or not _fact(setup, "reduce_scatter"):
         return 0.0
     flat = min(n, _fact(setup, "reduce_bucket_size")) * gb
@@ -373,7 +443,7 @@ def gradients_leave_device(setup: Setup) -> bool:
     return deepspeed_engine(setup) and setup.zero >= 1 and setup.offload_state in ("optimizer", "params")
 
 
-def allgather_flat(n: float, w: float, setup: Setup) -> float:
+def allgather_flat(n: float, w: float, setup: Setup, ranks: int | None = None) -> float:
     """ZeRO-1/2's step ends with all_gather_dp_groups (stage_1_and_2.py:3155) -> dist.all_gather_into_tensor of the
     rank's updated partition into bit16_groups_flat (runtime/utils.py:1016), after the step freed every gradient
     (:3103, :3128 free_grad_in_param_list, :3141 the fp32 gradient). NCCL gathers in place; gloo (the CPU backend)
@@ -385,8 +455,8 @@ def allgather_flat(n: float, w: float, setup: Setup) -> float:
     Usually the caller frees it at once, before gloo's buffer is made (ZeRO-1/2 optimizer phases within 0.5 %,
     bench/results/deepspeed_cpu.md). NB: under-counts by that n x w on a rank where its free is made by gloo's
     thread after the work instead: a thread-timing race, seen once (ZeRO-1 fp32 optimizer phase 68,576,404 B
-    measured vs 53,132,800 B, = this model + n x 4)."""
-    if setup.device != "cpu" or setup.dp <= 1:
+    measured vs 53,132,800 B, = this model + n x 4). `ranks`: the group's (dp unless given: AutoEP's expert group)."""
+    if setup.device != "cpu" or (setup.dp if ranks is None else ranks) <= 1:
         return 0.0
     return n * w
 
@@ -433,22 +503,37 @@ def gathered(spec: ModelSpec, pc: ParamCounts, setup: Setup, st: StateBytes, lay
     if setup.zero < 3:
         return 0.0
     if zero3_replay.replayable(spec):
-        return gathered_numel(spec, pc, setup.recompute_policy == "full", setup.stack_facts) * st.weight
+        return gathered_numel(spec, pc, setup.recompute_policy == "full", setup.stack_facts,
+                              autoep_routed(spec, setup)) * st.weight
     prefetch = min(layer, _fact(setup, "stage3_prefetch_bucket_size"))
     return (layer + prefetch) * st.weight
 
 
-def gathered_numel(spec: ModelSpec, pc: ParamCounts, recompute: bool, facts, **knobs: int) -> int:
+def gathered_numel(spec: ModelSpec, pc: ParamCounts, recompute: bool, facts, routed: tuple[int, ...] | None = None,
+                   **knobs: int) -> int:
     """Elements zero3_replay.replay finds gathered at once, under the stack's ZeRO-3 settings (stacks/deepspeed.toml;
-    `knobs` override them by DeepSpeed's config names, as a user's config would) and its leaf MoE blocks."""
-    leaf = spec.family in facts.fact("leaf_module", "families")
-    model = _model(spec, pc, leaf)
+    `knobs` override them by DeepSpeed's config names, as a user's config would) and its leaf MoE blocks; `routed`:
+    AutoEP's experts (autoep_routed), whose AutoEPMoELayer is no leaf class of DeepSpeed's (leaf_module_config.py:
+    11-15 names transformers' blocks)."""
+    leaf = spec.family in facts.fact("leaf_module", "families") and routed is None
+    model = _model(spec, pc, leaf, routed)
     names = ("stage3_param_persistence_threshold", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
              "stage3_max_reuse_distance")
     k = [int(knobs.get(n, facts.fact(n))) for n in names]
     return zero3_replay.replay(model, recompute, *k)
 
 
+def autoep_routed(spec: ModelSpec, setup: Setup) -> tuple[int, ...] | None:
+    """The expert tensors ZeRO-3 gathers in an AutoEPMoELayer (--ep > 1): the rank's w1, w2, w3 (expert_split),
+    partitioned over the expert-data-parallel group (engine.py:921-932); none where that group is one rank, whose
+    partition is the whole tensor, fetched without a copy (as persistent_copies). None without --ep."""
+    if setup.ep <= 1 or spec.moe is None:
+        return None
+    if setup.expert_dp == 1:
+        return ()
+    return (local_experts(spec, setup) * spec.moe.expert_intermediate * spec.hidden,) * 3
+
+
 @lru_cache(maxsize=64)
-def _model(spec: ModelSpec, pc: ParamCounts, leaf: bool) -> zero3_replay.Model:
-    return zero3_replay.hf_model(spec, pc, leaf)
+def _model(spec: ModelSpec, pc: ParamCounts, leaf: bool, routed: tuple[int, ...] | None = None) -> zero3_replay.Model:
+    return zero3_replay.hf_model(spec, pc, leaf, routed)

@@ -53,17 +53,18 @@ def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) ->
     return int(n), int(largest_tensor(spec) // t)
 
 
-def largest_tensor(spec: ModelSpec) -> int:
+def largest_tensor(spec: ModelSpec, experts: int | None = None) -> int:
     """Elements of the model's largest parameter tensor: the embedding, an MLP matrix (Phi-3's fused gate_up_proj
     is one 2·i×h tensor), the fused qkv projection, or a MoE layer's grouped experts (transformers keeps all
-    experts' gate_up_proj in one (E, 2·i, h) parameter: modeling_mixtral.py MixtralExperts)."""
+    experts' gate_up_proj in one (E, 2·i, h) parameter: modeling_mixtral.py MixtralExperts). `experts`: the
+    largest expert tensor where a stack lays the experts out otherwise (None: transformers' gate_up_proj)."""
     h, traits = spec.hidden, family_traits(spec)
     sizes = [spec.vocab * (spec.embed_proj_dim or h),
              (2 if traits["fused_gate_up"] else 1) * h * spec.intermediate]
     if traits["fused_qkv"]:
         sizes.append(h * (spec.q_dim + 2 * spec.kv_dim))
     if spec.moe is not None:
-        sizes.append(spec.moe.num_experts * 2 * spec.moe.expert_intermediate * h)
+        sizes.append(spec.moe.num_experts * 2 * spec.moe.expert_intermediate * h if experts is None else experts)
     return max(sizes)
 
 

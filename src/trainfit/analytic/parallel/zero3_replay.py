@@ -76,6 +76,7 @@ class Model:
     numel: tuple[int, ...]  # elements of each parameter
     root: Module  # the causal LM
     layers: tuple[Module, ...]  # the decoder layers (what gradient checkpointing wraps)
+    experts: frozenset[int] = frozenset()  # the routed experts' parameters (ids into numel)
 
 
 def replayable(spec: ModelSpec) -> bool:
@@ -89,16 +90,19 @@ def replayable(spec: ModelSpec) -> bool:
 MAX_LAYERS = 10_000
 
 
-def hf_model(spec: ModelSpec, pc: ParamCounts, leaf_moe: bool) -> Model:
+def hf_model(spec: ModelSpec, pc: ParamCounts, leaf_moe: bool, routed: tuple[int, ...] | None = None) -> Model:
     """The module tree of transformers' causal LM: model (embed_tokens, layers, norm), lm_head (the embedding's
     parameter when tied); a layer: input norm, self_attn (q/k/v/o, fused where the family fuses them), post norm,
-    mlp (gate, up, down) or the MoE block (router, experts, shared expert; one leaf when `leaf_moe`)."""
+    mlp (gate, up, down) or the MoE block (router, experts, shared expert; one leaf when `leaf_moe`). `routed`: the
+    elements of the experts' tensors where a replacement layer holds them otherwise (DeepSpeed's AutoEP: analytic/
+    parallel/deepspeed.py autoep_routed); None: transformers' gate_up_proj and down_proj of every expert."""
     if spec.layers > MAX_LAYERS:
         raise SetupError(f"{spec.name}: {spec.layers:,} layers; DeepSpeed ZeRO's parameter layout is replayed module "
                          f"by module (analytic/parallel/zero3_replay.py), up to {MAX_LAYERS:,} layers: check the "
                          "config's layer count, or use --stack hf or torchtitan")
     h, traits = spec.hidden, family_traits(spec)
     numel: list[int] = []
+    expert_ids: list[int] = []  # the routed experts' parameters (Model.experts)
 
     def leaf(*sizes: int) -> Module:
         ids = []
@@ -137,8 +141,10 @@ def hf_model(spec: ModelSpec, pc: ParamCounts, leaf_moe: bool) -> Model:
             ei, e = m.expert_intermediate, m.num_experts
             gated = 2 if spec.gated_mlp else 1
             def experts() -> Module:  # gpt-oss: gate_up_proj_bias and down_proj_bias are parameters (:76-78)
-                return leaf(e * gated * ei * h, e * gated * ei if m.expert_bias else 0,
-                            e * ei * h, e * h if m.expert_bias else 0)
+                made = leaf(*routed) if routed is not None else leaf(
+                    e * gated * ei * h, e * gated * ei if m.expert_bias else 0, e * ei * h, e * h if m.expert_bias else 0)
+                expert_ids.extend(made.direct)
+                return made
 
             # the block's parameters in the order its __init__ makes them (ds_id: a leaf gathers and prefetches them
             # in that order); its forward calls the router first
@@ -160,7 +166,7 @@ def hf_model(spec: ModelSpec, pc: ParamCounts, leaf_moe: bool) -> Model:
         layers.append(box(leaf(norm), attn, leaf(norm), mlp))
     head = Module(embed.direct) if spec.tied_embeddings else leaf(spec.vocab * h)
     root = box(box(embed, *layers, leaf(pc.final)), head)
-    return Model(tuple(numel), root, tuple(layers))
+    return Model(tuple(numel), root, tuple(layers), frozenset(expert_ids))
 
 
 def trace(model: Model, recompute: bool) -> tuple[Module, ...]:
