@@ -19,6 +19,7 @@ import os
 import time
 
 from bench.data import results_dir
+from bench.targets import deepspeed_cpu as ds
 
 ABOUT = {"summary": "--stack deepspeed --ep (AutoEP) vs DeepSpeed's engine on 2 and 4 CPU ranks: states and peaks",
          "minutes": 2, "quick": None}
@@ -32,23 +33,12 @@ CASES = (("tiny-mixtral", 2, 0, "bf16-master"), ("tiny-mixtral", 2, 1, "bf16-mas
 
 
 def case(model: str, dp: int, zero: int, precision: str, ep: int = 2):
-    from trainfit.models.resolve import load_model
-    from trainfit.setup import Setup
-
-    spec = load_model(model)
-    return spec, Setup(stack="deepspeed", device="cpu", zero=zero, dp=dp, ep=ep, precision=precision, batch=1,
-                       seq=64, optimizer="adamw")
+    """(spec, setup) of one case: deepspeed_cpu.case's CPU setup (batch 1, seq 64, AdamW) under AutoEP's --ep."""
+    return ds.case(model, zero, precision, dp=dp, ep=ep)
 
 
-def measure_many(spec, setups, timeout: int | None = None) -> list[list[dict]]:
-    """Per setup, per rank {rank, peak, phase_peaks, weights, optimizer_states, strategy}: one launch of
-    setups[0].dp CPU ranks."""
-    from trainfit.measure.distributed import measure_distributed_many
-
-    runs = measure_distributed_many(spec, setups, setups[0].dp, steps=0, warmup=2, device="cpu", timeout=timeout,
-                                    env={"OMP_NUM_THREADS": "1"})
-    return [[{"rank": r.rank, "peak": r.peak, "phase_peaks": dict(r.phase_peaks), "weights": r.weights,
-              "optimizer_states": r.optimizer_states, "strategy": r.strategy} for r in ranks] for ranks in runs]
+# (one launch of the setups' dp CPU ranks: weights and optimizer states per rank beside the peaks)
+measure_many = ds.measure_many
 
 
 def states(est) -> tuple[int, int]:

@@ -30,24 +30,25 @@ CASE_FIELDS = ("model", "zero", "precision", "batch", "seq")
 
 
 def case(model: str, zero: int, precision: str, batch: int = 1, seq: int = 64, dp: int = 2,
-         overlap_comm: bool = False):
+         overlap_comm: bool = False, ep: int = 1):
     from trainfit.models.resolve import load_model
     from trainfit.setup import Setup
 
     spec = load_model(model)
     setup = Setup(stack="deepspeed", device="cpu", zero=zero, dp=dp, precision=precision, batch=batch, seq=seq,
-                  optimizer="adamw", overlap_comm=overlap_comm)
+                  optimizer="adamw", overlap_comm=overlap_comm, ep=ep)
     return spec, setup
 
 
 def measure_many(spec, setups, timeout: int | None = None) -> list[list[dict]]:
-    """Per setup, per rank {rank, peak, phase_peaks, strategy}: one launch of setups[0].dp CPU ranks."""
+    """Per setup, per rank {rank, peak, phase_peaks, weights, optimizer_states, strategy}: one launch of
+    setups[0].dp CPU ranks."""
     from trainfit.measure.distributed import measure_distributed_many
 
     runs = measure_distributed_many(spec, setups, setups[0].dp, steps=0, warmup=2, device="cpu", timeout=timeout,
                                     env={"OMP_NUM_THREADS": "1"})
-    return [[{"rank": r.rank, "peak": r.peak, "phase_peaks": dict(r.phase_peaks), "strategy": r.strategy}
-             for r in ranks] for ranks in runs]
+    return [[{"rank": r.rank, "peak": r.peak, "phase_peaks": dict(r.phase_peaks), "weights": r.weights,
+              "optimizer_states": r.optimizer_states, "strategy": r.strategy} for r in ranks] for ranks in runs]
 
 
 def measure(spec, setup, timeout: int | None = None) -> list[dict]:

@@ -71,17 +71,17 @@ def setup(**kw) -> Setup:
     return Setup(**{"stack": "torchtitan", "batch": B, "seq": S, "device": "cpu", **kw})
 
 
-def _moe_saved_bytes(sp, s: Setup) -> int:
-    """Bytes of the distinct storages autograd saves inside the last block's MoE module during torchtitan's real
-    forward (parameters excluded: they are not activations)."""
+def _block_saved_bytes(sp, s: Setup, name: str) -> int:
+    """Bytes of the distinct storages autograd saves inside the last block's `name` module during torchtitan's real
+    forward (parameters excluded), the CPU step's kernels in place (step/torchtitan_moe.py)."""
     from trainfit.step import torchtitan as step
 
     model = step.build(sp, s)
-    moe = model.layers[str(sp.layers - 1)].moe
+    module = getattr(model.layers[str(sp.layers - 1)], name)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     inside, seen = [False], {}
-    moe.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True))
-    moe.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))
+    module.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True))
+    module.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))
 
     def pack(t):
         key = t.untyped_storage().data_ptr()
@@ -92,7 +92,7 @@ def _moe_saved_bytes(sp, s: Setup) -> int:
     x = torch.randint(0, sp.vocab, (B, S))
     with step.torchtitan_moe.cpu_kernels(model), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
             step.amp_context(s, "cpu"):
-        model(x)
+        model(x, **step.torchtitan_moe.forward_kwargs(model, x))
     return sum(seen.values())
 
 
@@ -106,7 +106,7 @@ def test_moe_block_saves_what_torchtitans_module_saves(model, precision):
     s = setup(precision=precision)
     sp = as_built(spec(model), s)
     per_token, fixed = torchtitan_moe.moe_block(sp, s)
-    assert (per_token["linear_inputs"] + per_token["mlp"]) * B * S + fixed == _moe_saved_bytes(sp, s)
+    assert (per_token["linear_inputs"] + per_token["mlp"]) * B * S + fixed == _block_saved_bytes(sp, s, "moe")
 
 
 # (model, precision, recompute, tolerance): exact where the block's moments are read off the real step; the CPU
@@ -307,31 +307,6 @@ def test_torchtitans_llama4_irope_flavors_fail_at_their_first_forward(flavor):
                 flex_attention(q, q, q, block_mask=mask)
     finally:
         FlexAttentionWrapper._compiled_flex_attn = compiled
-
-
-def _block_saved_bytes(sp, s: Setup, name: str) -> int:
-    """Bytes of the distinct storages autograd saves inside the last block's `name` module during torchtitan's real
-    forward (parameters excluded), the CPU step's kernels in place (step/torchtitan_moe.py)."""
-    from trainfit.step import torchtitan as step
-
-    model = step.build(sp, s)
-    module = getattr(model.layers[str(sp.layers - 1)], name)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    inside, seen = [False], {}
-    module.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True))
-    module.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))
-
-    def pack(t):
-        key = t.untyped_storage().data_ptr()
-        if inside[0] and key not in params:
-            seen[key] = t.untyped_storage().nbytes()
-        return t
-
-    x = torch.randint(0, sp.vocab, (B, S))
-    with step.torchtitan_moe.cpu_kernels(model), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-            step.amp_context(s, "cpu"):
-        model(x, **step.torchtitan_moe.forward_kwargs(model, x))
-    return sum(seen.values())
 
 
 def test_gpt_oss_blocks_save_what_torchtitans_modules_save():
