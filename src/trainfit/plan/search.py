@@ -940,8 +940,10 @@ class _Pending:
                 stats["memory_rejected_splits"] = stats.get("memory_rejected_splits", 0) + len(variants)
                 continue
             first = variants[0][1].with_micro_batches(b, accum)
-            check = (judged if not judged.known() else None) if judged is not None else \
-                None if probe.settled(b) else probe
+            if judged is not None:  # (its membership, judged when one of its splits is about to be timed)
+                check = None if judged.known() else judged
+            else:
+                check = None if probe.settled(b) else probe
             out.append(_Entry(neg, 0, e.key, b, accum, level,
                               ((variants[0][0], first),) if start == EXACT and level != COARSE else variants, check))
         return out
