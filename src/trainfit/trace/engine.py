@@ -174,7 +174,8 @@ def kernel_records(records: dict, recs) -> list[str]:
 NOTES = (
     "trace: real PyTorch step on fake tensors; every storage counted from the op that returns it to its last reference",
     "NB: scratch buffers allocated and freed inside one kernel are not seen, except (CPU runs) mixed-dtype cast "
-    "copies and matmul/attention/convolution scratch probed on this CPU (can under-read a peak inside another kernel)",
+    "copies and matmul/attention/convolution/softmax/index_put scratch probed on this CPU (can under-read a peak "
+    "inside another kernel)",
 )
 
 
