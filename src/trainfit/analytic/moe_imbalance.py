@@ -101,16 +101,22 @@ def forced_by(setup) -> str | None:
     return facts.facts.get("moe", {}).get("force_balance") if facts is not None else None
 
 
+def round_robin_counts(copies: int, experts: int, ep: int) -> list[int]:
+    """The routed copies each EP rank receives from one source rank under torchtitan's forced balance (0.2.2
+    models/moe/moe.py:234-249: a rank's `copies` = tokens·top_k go to experts arange(copies) % E): expert e gets
+    copies // E, one more where e < copies mod E, and rank d holds experts d·L … (d+1)·L − 1 for L = E/ep. Every
+    source rank routes alike, so rank d receives ep times its count."""
+    local = experts // ep
+    return [local * (copies // experts) + min(max(copies % experts - d * local, 0), local) for d in range(ep)]
+
+
 def round_robin_load(tokens: float, top_k: int, experts: int, ep: int) -> float:
-    """The busiest rank's copies over the mean under torchtitan's forced balance (0.2.2 models/moe/moe.py:234-249:
-    each rank's n = tokens·top_k copies go to experts arange(n) % E): expert e receives n // E copies from each rank,
-    one more where e < n mod E, so rank 0 (experts 0 … E/ep − 1) is the busiest, with
-    ep·(L·(n // E) + min(n mod E, L)) copies for L = E/ep, over the mean n."""
+    """The busiest rank's copies over the mean under torchtitan's forced balance (round_robin_counts): rank 0, with
+    ep·(L·(n // E) + min(n mod E, L)) copies for n = tokens·top_k, over the mean n."""
     n = int(tokens * top_k)
     if n <= 0:
         return 1.0
-    local = experts // ep
-    return ep * (local * (n // experts) + min(n % experts, local)) / n
+    return ep * round_robin_counts(n, experts, ep)[0] / n
 
 
 def least_load(setup) -> float:

@@ -49,8 +49,8 @@ if TYPE_CHECKING:  # pragma: no cover
 # torchtitan's mixed_precision_param (config/job_config.py:282: bfloat16 | float32) and training.dtype
 # (job_config.py:275: float32 | bfloat16) for each trainfit precision it can run.
 PRECISIONS = {"fp32": "float32", "amp-bf16": "bfloat16", "bf16": "bfloat16"}
-NOTE = ("stack torchtitan 0.2.2: its own Llama3 Transformer, apply_ac, apply_fsdp/apply_ddp, maybe_enable_amp, "
-        "cross_entropy_loss and clip_grad_norm_ (trainfit/step/torchtitan.py)")
+NOTE = ("stack torchtitan 0.2.2: its own Transformer (llama3; MoE models: qwen3, deepseek_v3, llama4), apply_ac, "
+        "apply_fsdp/apply_ddp, maybe_enable_amp, cross_entropy_loss and clip_grad_norm_ (trainfit/step/torchtitan.py)")
 check_low_precision = torchtitan_lowp.check  # --low-precision: torchao's Float8Linear recipes (engines.py)
 DDP_TAKES_MESH = True  # models/llama3/infra/parallelize.py:363-366 (apply_ddp(model, dp_mesh, ...))
 EXPERT_PARALLEL = True  # its MoE models' own expert parallelism (step/torchtitan_moe.py parallelize)
@@ -229,13 +229,24 @@ def python_held(setup: "Setup") -> bool:
 
 
 def trace_refusal(spec: "ModelSpec", setup: "Setup") -> str | None:
-    """Why the trace engine cannot run this model's step, or None: torchtitan's MoE models size their expert GEMMs
-    from the router's token counts (generate_permute_indices' fill, _run_experts_for_loop's tolist), data that fake
-    tensors do not hold."""
+    """Why the trace engine cannot run this model's step, or None. torchtitan's MoE experts run on the router's padded
+    maximum of rows whatever the routing (models/moe/utils.py:43-58), which traces (torchtitan_moe.kernels), except
+    where a size is read from the router's token counts, data fake tensors do not hold: the expert all-to-all's splits
+    (ExpertParallel._token_dispatch's `.tolist()`, distributed/expert_parallel.py:114-131) unless the routing is
+    forced round-robin (--moe-force-balance: then they are known, torchtitan_moe.forced_dispatch), and gpt_oss's
+    expert biases, repeated per expert by the counts (models/gpt_oss/model/moe.py:159-172)."""
     if not spec.is_moe:
         return None
-    return (f"--stack torchtitan: {spec.name}'s MoE model sizes its expert GEMMs from the router's token counts, "
-            "which fake tensors do not hold; use --engine analytic or measure")
+    if setup.ep > 1 and not setup.moe_force_balance:
+        what = (f"--ep {setup.ep}: the expert all-to-all is sized by the router's token counts, which the trace "
+                "engine's fake tensors do not hold (with --moe-force-balance, torchtitan's round-robin routing, they "
+                "are known and the step traces)")
+    elif setup.stack_facts.moe_model(spec.family) == "gpt_oss":
+        what = (f"{spec.name}: gpt_oss's expert biases are repeated by the router's token counts, which the trace "
+                "engine's fake tensors do not hold")
+    else:
+        return None
+    return f"--stack torchtitan {what}; use --engine analytic or measure"
 
 
 def build(spec: "ModelSpec", setup: "Setup", device="cpu", mesh=None, fake: bool = False) -> torch.nn.Module:
@@ -336,7 +347,7 @@ def run_step(model, optimizer, batches, setup: "Setup", phase: Callable[[str], N
     amp = amp_context(setup, _device_type(model, setup))
     accumulated_losses = []
     for b in batches:
-        loss = _forward_backward(model, b, global_valid_tokens, amp, phase)
+        loss = _forward_backward(model, b, global_valid_tokens, amp, phase, setup)
         accumulated_losses.append(loss.detach())  # train.py:590
     phase("optimizer")
     dist_utils.clip_grad_norm_([p for p in model.parameters()], setup.grad_clip_norm, foreach=True, pp_mesh=None,
@@ -348,12 +359,12 @@ def run_step(model, optimizer, batches, setup: "Setup", phase: Callable[[str], N
     return total.item() if _is_real(total) else math.nan
 
 
-def _forward_backward(model, batch, global_valid_tokens, amp, phase):
+def _forward_backward(model, batch, global_valid_tokens, amp, phase, setup):
     """train.py:528-545 (forward_backward_step, no pipeline parallelism)."""
     from torchtitan.components.loss import cross_entropy_loss
 
     phase("forward")
-    with torchtitan_moe.cpu_kernels(model):
+    with torchtitan_moe.kernels(model, setup):
         with amp:  # train.py:531-538
             pred = model(batch["input"], **torchtitan_moe.forward_kwargs(model, batch["input"]))
             loss_sum = cross_entropy_loss(pred, batch["labels"])

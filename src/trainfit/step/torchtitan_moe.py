@@ -25,6 +25,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from ..errors import EngineUnavailableError
 
@@ -159,11 +160,13 @@ def parallelize(model: torch.nn.Module, setup: "Setup", device_type: str, save_l
         return
     dims = step.parallel_dims(setup)
     _build_meshes(dims, device_type)
+    fake = is_fake(next(model.parameters()))
     if dims.ep_enabled:
         from torchtitan.models.llama4.infra.parallelize import apply_moe_ep_tp
 
-        apply_moe_ep_tp(model, tp_mesh=None, ep_mesh=dims.get_optional_mesh("ep"), etp_mesh=None, ep_etp_mesh=None,
-                        dual_pipe_v=False, use_deepep=False)
+        with forced_dispatch() if fake else contextlib.nullcontext():
+            apply_moe_ep_tp(model, tp_mesh=None, ep_mesh=dims.get_optional_mesh("ep"), etp_mesh=None,
+                            ep_etp_mesh=None, dual_pipe_v=False, use_deepep=False)
     step.apply_recompute(model, setup, save_list)
     if not (dims.fsdp_enabled or dims.ep_enabled):
         step.apply_data_parallel(model, setup, dims.get_mesh("dp_replicate"))  # llama3's apply_ddp
@@ -171,23 +174,90 @@ def parallelize(model: torch.nn.Module, setup: "Setup", device_type: str, save_l
     from torchtitan.config import TORCH_DTYPE_MAP
     from torchtitan.models.llama4.infra.parallelize import apply_fsdp
 
-    apply_fsdp(model, dims.get_mesh(["fsdp"]), param_dtype=TORCH_DTYPE_MAP[step.PRECISIONS[setup.precision]],
-               reduce_dtype=torch.float32, pp_enabled=False, cpu_offload=False,
-               reshard_after_forward_policy=step.reshard_policy(setup), ep_degree=dims.ep,
-               edp_mesh=dims.get_optional_mesh(["efsdp"]), gradient_divide_factor=dims.fsdp_gradient_divide_factor)
+    with meshes_outside_fake_modes() if fake and dims.ep_enabled else contextlib.nullcontext():
+        apply_fsdp(model, dims.get_mesh(["fsdp"]), param_dtype=TORCH_DTYPE_MAP[step.PRECISIONS[setup.precision]],
+                   reduce_dtype=torch.float32, pp_enabled=False, cpu_offload=False,
+                   reshard_after_forward_policy=step.reshard_policy(setup), ep_degree=dims.ep,
+                   edp_mesh=dims.get_optional_mesh(["efsdp"]),
+                   gradient_divide_factor=dims.fsdp_gradient_divide_factor)
     step.sum_on_gloo(model, setup)
+
+
+@contextlib.contextmanager
+def forced_dispatch():
+    """While apply_moe_ep_tp wraps the experts (distribute_module binds ExpertParallel._token_dispatch then), the
+    dispatch as the trace runs it on fake tensors, under forced round-robin routing (trace_refusal: --ep > 1 traces
+    with --moe-force-balance only). torchtitan's _token_dispatch (distributed/expert_parallel.py:99-165) all-to-alls
+    the per-expert counts, reads the splits to the host (`.tolist()`, :128-129: values fake tensors lack), all-to-alls
+    the routed rows and pads them per local expert (_permute). This one makes the same tensors and collectives, its
+    splits those of torchtitan's round-robin routing (analytic/moe_imbalance.py round_robin_counts: every source rank
+    sends each rank its count, so a rank receives its own count from each)."""
+    from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd
+    from torchtitan.distributed.expert_parallel import ExpertParallel
+    from torchtitan.models.moe.utils import _permute
+
+    from ..analytic.moe_imbalance import round_robin_counts
+
+    def dispatch(self, mod, inputs, device_mesh):
+        routed_input, num_tokens_per_expert = inputs
+        ep = device_mesh.shape[0]
+        experts = num_tokens_per_expert.shape[0]
+        with torch.no_grad():
+            per_group = all_to_all_single(num_tokens_per_expert, None, None, group=device_mesh.get_group())
+            per_group = torch.ops._c10d_functional.wait_tensor(per_group)
+            num_tokens_per_expert.view(ep, -1).sum(dim=1).to(torch.device("cpu"))  # (the splits' host copies)
+            per_group.view(ep, -1).sum(dim=1).to(torch.device("cpu"))
+            counts = round_robin_counts(routed_input.shape[0], experts, ep)
+            self.input_splits, self.output_splits = counts, [counts[device_mesh.get_local_rank()]] * ep
+        routed_input = all_to_all_single_autograd(routed_input, self.output_splits, self.input_splits,
+                                                  device_mesh.get_group())
+        self.input_shape, routed_input, self.permuted_indices, per_group = _permute(
+            routed_input, per_group, ep, experts // ep)
+        return routed_input, per_group
+
+    real = ExpertParallel._token_dispatch
+    ExpertParallel._token_dispatch = dispatch
+    try:
+        yield
+    finally:
+        ExpertParallel._token_dispatch = real
+
+
+@contextlib.contextmanager
+def meshes_outside_fake_modes():
+    """DeviceMesh construction outside the trace's fake-tensor and dispatch modes: fully_shard on the experts' EP
+    DTensors concatenates the ep and efsdp meshes (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+    _init_sharding_spec_tp -> device_mesh.py _concatenate), whose DeviceMesh reads its rank tensor's values
+    (_compute_coordinates_from_mesh: nonzero), which a fake tensor cannot give. The mesh tensors are real ranks."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    init = DeviceMesh.__init__
+
+    def init_real(self, *args, **kwargs):
+        with _disable_current_modes():
+            init(self, *args, **kwargs)
+
+    DeviceMesh.__init__ = init_real
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__ = init
 
 
 def _build_meshes(dims, device_type: str) -> None:
     """ParallelDims.build_mesh (distributed/parallel_dims.py:68-188) on the step's device type: it reads the module
     global device_type (:12, :140), which torchtitan sets to the accelerator, or "cuda" where there is none
-    (tools/utils.py:36-42), so a CPU step builds its gloo meshes with it set to "cpu" for the call."""
+    (tools/utils.py:36-42), so a CPU step builds its gloo meshes with it set to "cpu" for the call. They are built
+    outside the trace's fake-tensor and dispatch modes: init_device_mesh reads the real rank tensors it makes."""
+    from torch.utils._python_dispatch import _disable_current_modes
     from torchtitan.distributed import parallel_dims
 
     accelerator = parallel_dims.device_type
     parallel_dims.device_type = device_type
     try:
-        dims.build_mesh()
+        with _disable_current_modes():
+            dims.build_mesh()
     finally:
         parallel_dims.device_type = accelerator
 
@@ -211,38 +281,53 @@ def op_sac_save_list(spec: "ModelSpec", setup: "Setup") -> set:
 
 
 @contextlib.contextmanager
-def cpu_kernels(model: torch.nn.Module):
-    """On a CPU MoE model, torchtitan's MoE kernels as the module docstring runs them; elsewhere nothing."""
+def kernels(model: torch.nn.Module, setup: "Setup"):
+    """torchtitan's MoE kernels where they cannot run as written: on a CPU as the module docstring runs them, and on
+    fake tensors (the trace engine) as below; on a GPU nothing changes.
+
+    On fake tensors, which hold no values:
+      * the indices' fill allocates what it allocates, int32 of `max_len`, and writes nothing (the Triton wrapper's
+        one allocation, kernels.py:79-81; fill_indices_cpu's, :114-118). NB: the CPU reference's per-expert arange
+        temporaries (:132-137, at most one expert's tokens in int32, in the forward's no_grad) are not made: a CPU
+        trace may read low by that much if its peak fell there (not seen: tests/stacks/test_torchtitan_moe.py).
+      * under CUDA semantics (setup.device "cuda") torch.histc counts the int64 ids as they are (CUDA's histc takes
+        integer input, its output (bins,) of the input's dtype: aten/src/ATen/native/cuda/SummaryOps.cu _histc_cuda),
+        without the CPU's float copy; its values are not computed (the trace reads none).
+    (gpt_oss is not traced: step/torchtitan.py trace_refusal.)"""
     blocks = getattr(model, "layers", {})
     moe = any(getattr(b, "moe_enabled", False) for b in (blocks.values() if hasattr(blocks, "values") else blocks))
-    if not moe or next(model.parameters()).device.type != "cpu":
+    param = next(model.parameters())
+    fake = is_fake(param)
+    if not moe or (param.device.type != "cpu" and not fake):
         yield
         return
-    from torchtitan.models.moe import kernels
+    from torchtitan.models.attention import FlexAttentionWrapper
+    from torchtitan.models.moe import kernels as moe_kernels
 
-    triton_fill = kernels.fill_indices_wrapper
+    fill, histc = moe_kernels.fill_indices_wrapper, torch.histc
+    flex = FlexAttentionWrapper.__dict__["_compiled_flex_attn"]
 
     def fill_cpu(tokens, starts, offsets, experts_per_rank, ranks, max_len, **_):
-        return kernels.fill_indices_cpu(tokens, starts, offsets, experts_per_rank, ranks, max_len)
+        return moe_kernels.fill_indices_cpu(tokens, starts, offsets, experts_per_rank, ranks, max_len)
 
-    histc = torch.histc
+    def fill_fake(tokens, starts, offsets, experts_per_rank, ranks, max_len, **_):
+        return torch.full((max_len,), -1, dtype=torch.int32, device=tokens.device)
 
-    def integer_histc(x, *args, **kwargs):
+    def integer_histc(x, bins=100, min=0, max=0, **kwargs):
         # (torchtitan resolves torch.histc at each call, moe.py:348, :377; a TorchFunctionMode would be off inside
         # the backward's recomputed forwards, which its handler for Tensor.backward runs)
-        if x.device.type == "cpu" and not x.is_floating_point():
-            return histc(x.float(), *args, **kwargs).to(x.dtype)
-        return histc(x, *args, **kwargs)
+        if x.is_floating_point():
+            return histc(x, bins=bins, min=min, max=max, **kwargs)
+        if fake and setup.device == "cuda":
+            return x.new_zeros(bins)
+        return histc(x.float(), bins=bins, min=min, max=max, **kwargs).to(x.dtype)
 
-    from torchtitan.models.attention import FlexAttentionWrapper
-
-    flex = FlexAttentionWrapper.__dict__["_compiled_flex_attn"]
-    kernels.fill_indices_wrapper, torch.histc = fill_cpu, integer_histc
+    moe_kernels.fill_indices_wrapper, torch.histc = (fill_fake if fake else fill_cpu), integer_histc
     FlexAttentionWrapper._compiled_flex_attn = staticmethod(cpu_flex_attention)
     try:
         yield
     finally:
-        kernels.fill_indices_wrapper, torch.histc = triton_fill, histc
+        moe_kernels.fill_indices_wrapper, torch.histc = fill, histc
         FlexAttentionWrapper._compiled_flex_attn = flex
         _MASKS.clear()  # (the step's masks, held for the stand-in's backward: released with the step)
 

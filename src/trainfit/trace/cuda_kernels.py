@@ -14,7 +14,8 @@ the flash kernel takes no mask. fp32 with GQA (enable_gqa) takes the math
 path: the memory-efficient kernel does not take GQA (sdp_utils.cpp), the flash kernel not fp32.
 `--stack torchtitan` allows only the cuDNN, flash and math backends (torchtitan/models/attention.py:173-178, 190:
 sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, MATH], set_priority=True)): bf16 runs the flash kernel here (NB: on
-GPUs with cuDNN attention torchtitan gets cuDNN's kernel, which also saves the output and an fp32 logsumexp), fp32
+GPUs with cuDNN attention torchtitan gets cuDNN's kernel, which also saves the output and an fp32 logsumexp), and
+cuDNN's own where q/k and v differ in width (MLA), which the flash kernel does not take; fp32
 the math path (no memory-efficient kernel), whose decomposition materialises the s×s scores as on CUDA.
   * RMSNorm (torch.rms_norm, nn.RMSNorm: torchtitan's norms): on CUDA, with weight and input of one dtype, it runs
     aten._fused_rms_norm, whose autograd keeps the input, the weight and rstd (one fp32 per row;
@@ -35,7 +36,7 @@ from .cuda_masked_sdpa import masked_sdpa
 from .lowp_cuda import float8_sees_autocast
 
 
-def _cuda_sdpa(original, efficient: bool = True):
+def _cuda_sdpa(original, efficient: bool = True, cudnn: bool = False):
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if torch.is_autocast_enabled("cpu"):  # CUDA autocast lists SDPA as a lower-precision op
             dtype = torch.get_autocast_dtype("cpu")
@@ -51,6 +52,15 @@ def _cuda_sdpa(original, efficient: bool = True):
             if query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] == value.shape[-1]:
                 return torch.ops.aten._scaled_dot_product_flash_attention(
                     query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+            # a stack that puts cuDNN's kernel first (torchtitan) gets it for q/k and v of different widths too (MLA's
+            # 192 and 128): torch's sdp_utils.cpp check_cudnn_tensor_shapes allows head widths up to 256, multiples
+            # of 8, on SM 9.0 with cuDNN >= 9.10 (and DeepSeek's 192/128 on SM 10.x from cuDNN 9.11). It saves the
+            # output and an fp32 logsumexp. NB: on Ampere (a 128 limit) that layer takes the math path: reads low.
+            widths = (query.shape[-1], value.shape[-1])
+            low = query.dtype in (torch.float16, torch.bfloat16)
+            if cudnn and low and all(w <= 256 and w % 8 == 0 for w in widths):
+                return torch.ops.aten._scaled_dot_product_cudnn_attention(
+                    query, key, value, None, True, dropout_p, is_causal, False, scale=scale)[0]
             # the memory-efficient kernel has no GQA (sdp_utils.cpp use_mem_efficient_attention:
             # check_batch_size_and_num_heads_dense<false>), so fp32 with enable_gqa takes the math path
             # (seen on an H200, torch 2.11: llama-3.2-1b fp32 kept 4.36 GB more, its s×s probabilities)
@@ -106,7 +116,8 @@ def cuda_kernels(setup: Setup):
         return
     saved = F.scaled_dot_product_attention, F.dropout, F.rms_norm
     backends = setup.stack_facts.facts.get("attention", {}).get("sdpa_backends", ("efficient",))
-    F.scaled_dot_product_attention = _cuda_sdpa(saved[0], efficient="efficient" in backends)
+    F.scaled_dot_product_attention = _cuda_sdpa(saved[0], efficient="efficient" in backends,
+                                                cudnn=backends[0] == "cudnn")
     F.dropout = _cuda_dropout(saved[1])
     F.rms_norm = _cuda_rms_norm(saved[2])
     try:

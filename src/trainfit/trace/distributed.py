@@ -59,6 +59,8 @@ from .recorder import (
     AllocationRecorder,
 )
 
+WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
+
 
 def _local(t):
     """The storage-holding tensor behind a DTensor (and a torchao fp8 weight wrapper inside it)."""
@@ -92,7 +94,9 @@ class ShardedRecorder(AllocationRecorder):
             t = pick(args)
             scratch = self._born(self.size(t.numel() * t.element_size()), TEMPORARY, tuple(t.shape), t.dtype,
                                  f"{self.backend} {func._opname} buffer")
-        out = func(*args, **(kwargs or {}))
+        # a functional collective's wait returns the tensor it waited on (torch/csrc/distributed/c10d/Functional.cpp
+        # wait_tensor: `return tensor`), where the op's fake kernel makes a new one
+        out = args[0] if func is WAIT_TENSOR else func(*args, **(kwargs or {}))
         if self.flops is not None:
             self.flops.count(func, args, kwargs, out)
         if scratch is None and (func in self.promoting or func in self.probed):
