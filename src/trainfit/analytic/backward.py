@@ -20,7 +20,10 @@ gradient. The high points read off traced steps:
              output (discarded) and the incoming gradient; on a CPU on oneDNN's 16-bit path, earlier, inside the
              re-run's down projection matmul, beside its scratch.
 NB: moment not modelled, an under-count where it sets the peak (tests/analytic/test_vs_trace_families.py lists the
-cases): the CPU math path's re-run attention backward under full recomputation (DeepSeek-V2's MLA).
+cases): the CPU math path's re-run attention under full recomputation (MLA), whose high point is inside the re-run's
+_safe_softmax: beside the pre-attention part of the re-run's saved set, the fp32 upcasts of q and k, the causal mask,
+the scores, the softmax output and _safe_softmax's bool -inf mask with its all() (read off the trace of torchtitan's
+deepseek_v3, exact against its real CPU step: bench torchtitan_moe_cpu, -1.9 to -2.7 % there).
 NB: moment over-counted: a recomputed layer's fork_rng copy of the CPU RNG state (torch/utils/checkpoint.py:
 1663-1665) only lives through the re-run forward — still counted at the MLP moment (5 KiB; +0.05% on small-gpt2).
 """
