@@ -13,7 +13,8 @@ every other row is one kind of layer.
 
 The second table runs the same models on two CPU ranks (trainfit measure --nproc 2: torchrun, gloo) as their
 parallelize functions do: FSDP over both ranks (llama4's apply_fsdp), at EP 1 and EP 2 (apply_moe_ep_tp:
-ExpertParallel's all-to-all dispatch and combine; the experts an FSDP group of their own over efsdp), routing forced
+ExpertParallel's all-to-all dispatch and combine, which gpt_oss's own apply_moe_ep_tp applies too without TP,
+models/gpt_oss/infra/parallelize.py:298-306; the experts an FSDP group of their own over efsdp), routing forced
 round-robin (--moe-force-balance: torchtitan's _debug_force_load_balance) so that the busiest rank's load is known;
 the real peak is each rank's own (both ranks agree; read from the session's allocation records, which hold what
 torchtitan's ExpertParallel keeps between steps), the analytic engine predicts it for --dp 2 --zero 3 --ep N.
@@ -139,9 +140,10 @@ def run_ranks() -> list[dict]:
     from tests.stacks.test_torchtitan_moe import setup
 
     rows = []
-    for label, sp in cases()[:3]:
+    models = cases()
+    for label, sp in models[:3] + models[5:6]:  # qwen3, deepseek_v3, llama4 (MoE layers only) and gpt_oss
         setups = [setup(dp=2, zero=3, precision=p, recompute=r, ep=ep, moe_force_balance=ep > 1)
-                  for ep in (1, 2) for p in PRECISIONS for r in RANK_POLICIES]
+                  for ep in (1, 2) for p in precisions(sp) for r in RANK_POLICIES]
         for s, ranks in zip(setups, measure_distributed_many(sp, setups, 2, steps=0, warmup=2)):
             real = max(r.peak for r in ranks)
             est, tr = estimate(sp, s).memory.peak, traced(sp, s)

@@ -221,7 +221,8 @@ def test_round_robin_load_is_torchtitans_forced_routing(tokens, top_k, experts, 
 EP_CASES = [pytest.param("qwen3", [("fp32", "full", 2), ("bf16", "none", 2), ("amp-bf16", "full", 2),
                                    ("bf16", "full", 1)], id="qwen3"),
             pytest.param("deepseek_v3", [("fp32", "full", 2), ("amp-bf16", "none", 2), ("bf16", "none", 1)],
-                         id="deepseek_v3", marks=pytest.mark.heavy)]
+                         id="deepseek_v3", marks=pytest.mark.heavy),
+            pytest.param("gpt_oss", [("bf16", "full", 2), ("bf16", "none", 1)], id="gpt_oss", marks=pytest.mark.heavy)]
 
 
 @pytest.mark.slow
@@ -234,15 +235,16 @@ def test_analytic_peak_matches_every_rank_of_torchtitans_ep_step(model, cases):
     forced routing, step/torchtitan_moe.py forced_dispatch) within 0.01 %."""
     from trainfit.engines import trace
     from trainfit.measure.distributed import measure_distributed_many
+    from trainfit.step.torchtitan import trace_refusal
 
     sp = spec(model)
     setups = [setup(dp=2, zero=3, precision=p, recompute=r, ep=ep, moe_force_balance=ep > 1) for p, r, ep in cases]
     for s, ranks in zip(setups, measure_distributed_many(sp, setups, 2, steps=0, warmup=2)):
         est = estimate(sp, s).memory.peak
-        traced = trace(sp, s).memory.peak
+        traced = None if trace_refusal(sp, s) else trace(sp, s).memory.peak  # (gpt_oss: refused, test above)
         for r in ranks:
             assert abs(est - r.peak) / r.peak <= 0.005, (s.precision, s.recompute, s.ep, r.rank, est, r.peak)
-            assert abs(traced - r.peak) <= 1e-4 * r.peak, (s.precision, s.recompute, s.ep, traced, r.peak)
+            assert traced is None or abs(traced - r.peak) <= 1e-4 * r.peak, (s.precision, s.recompute, traced, r.peak)
 
 
 @pytest.mark.heavy
