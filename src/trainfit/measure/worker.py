@@ -172,9 +172,9 @@ def run_rank(job: dict, setup, rank: int, world: int, local_rank: int, progress)
     if dev_type == "cpu" and (getattr(kit, "READ_BASELINE", False) or alive is not None):
         # the stack's engine keeps buffers no resident-tensor sum sees (trainfit.step.deepspeed's; torchtitan's
         # ExpertParallel keeps each MoE layer's permuted indices on its instance from one step's forward to the
-        # next, distributed/expert_parallel.py:157-161, read back by _token_combine :168-173) and every buffer is a Python-held tensor, so the
-        # blocks gloo freed unreported are closed by the alive analysis: the level read from the session's
-        # allocation records is the measurement
+        # next, distributed/expert_parallel.py:157-161, read back by _token_combine :168-173) and every buffer is a
+        # Python-held tensor, so the blocks gloo freed unreported are closed by the alive analysis: the level read
+        # from the session's allocation records is the measurement
         baseline, phase_peaks = read_baseline, step_peaks
         peak_phase = max(phase_peaks, key=phase_peaks.get)
         peak = phase_peaks[peak_phase]
