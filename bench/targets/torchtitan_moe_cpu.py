@@ -26,7 +26,7 @@ The trace engine runs the same model and step on fake tensors (one process; one 
 dispatch sized by the forced routing) beside each row; it refuses gpt_oss, whose expert biases are repeated by the
 router's token counts (step/torchtitan.py trace_refusal). The third table has no real step: real-scale models on
 CUDA semantics (CUDA's kernels, 512-byte blocks), the analytic engine against the trace at 2 × 8,192 tokens per GPU,
-one GPU's unsharded step and one rank of FSDP 8 with EP 8.
+one GPU's unsharded step, one rank of FSDP 8 with EP 8, and DeepSeek-V3 (671B) on 64 GPUs with EP 64.
 """
 from __future__ import annotations
 
@@ -118,8 +118,11 @@ def run_scale() -> list[dict]:
     ep8 = [(name, "FSDP 8, EP 8, forced balance", dict(precision="bf16", recompute=r, dp=8, zero=3, ep=8,
                                                        moe_force_balance=True))
            for name in SCALE_MODELS[:2] for r in ("none", "full")]
+    # DeepSeek-V3 (671B) on 64 GPUs, its experts over all of them
+    ep64 = [("deepseek-v3", "FSDP 64, EP 64, forced balance", dict(precision="bf16", recompute="full", dp=64, zero=3,
+                                                                   ep=64, moe_force_balance=True))]
     rows = []
-    for name, layout, settings in one_gpu + ep8:
+    for name, layout, settings in one_gpu + ep8 + ep64:
         sp = load_spec(name)
         s = Setup(stack="torchtitan", batch=2, seq=8192, device="cuda", **settings)
         tr, est = traced(sp, s), estimate(sp, s).memory.peak
