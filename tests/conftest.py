@@ -19,6 +19,16 @@ if _WORKERS > 1 and not os.environ.get("OMP_NUM_THREADS") and not os.environ.get
     if "torch" in sys.modules:  # a plugin imported torch first: its OpenMP read the environment already
         sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# tqdm's monitor thread (started by the first progress bar: torch.compile's, transformers') outlives its bar, and the
+# planner forks only a process with no other thread (plan/parallel.py forkable): tests/plan/test_parallel_search.py
+# skipped in a worker after such a test. tqdm's documented switch, monitor_interval = 0, starts none.
+try:
+    import tqdm
+
+    tqdm.tqdm.monitor_interval = 0
+except ImportError:  # pragma: no cover
+    pass
+
 
 @pytest.fixture
 def cli(capsys):

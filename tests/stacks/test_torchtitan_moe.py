@@ -359,6 +359,18 @@ def test_torchtitans_llama4_irope_flavors_fail_at_their_first_forward(flavor):
                 flex_attention(q, q, q, block_mask=mask)
     finally:
         FlexAttentionWrapper._compiled_flex_attn = compiled
+        _release_compile_threads()
+
+
+def _release_compile_threads() -> None:
+    """torch.compile (torchtitan compiles its block masks) leaves inductor's compile thread pool running
+    (AsyncCompile.pool, torch/_inductor/async_compile.py), and the planner forks only a process with no other thread
+    (plan/parallel.py forkable): tests/plan/test_parallel_search.py skipped in a worker after this test."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    if AsyncCompile.pool.cache_info().currsize:
+        AsyncCompile.pool().shutdown(wait=True)
+        AsyncCompile.pool.cache_clear()
 
 
 def test_gpt_oss_blocks_save_what_torchtitans_modules_save():
