@@ -121,9 +121,11 @@ def run_scale() -> list[dict]:
     # DeepSeek-V3 (671B) on 64 GPUs, its experts over all of them
     ep64 = [("deepseek-v3", "FSDP 64, EP 64, forced balance", dict(precision="bf16", recompute="full", dp=64, zero=3,
                                                                    ep=64, moe_force_balance=True))]
-    rows = []
+    rows, specs = [], {}
     for name, layout, settings in one_gpu + ep8 + ep64:
-        sp = load_spec(name)
+        if name not in specs:  # (each model loaded once)
+            specs[name] = load_spec(name)
+        sp = specs[name]
         s = Setup(stack="torchtitan", batch=2, seq=8192, device="cuda", **settings)
         tr, est = traced(sp, s), estimate(sp, s).memory.peak
         rows.append({"model": name, "layout": layout, "precision": s.precision, "recompute": s.recompute,

@@ -49,16 +49,15 @@ def _cuda_sdpa(original, efficient: bool = True, cudnn: bool = False):
             # the flash kernel needs one head width for q, k and v (sdp_utils.cpp check_head_dim_size_flash);
             # MLA's v is narrower than its q/k, so CUDA's dispatcher takes the memory-efficient kernel
             # (check_head_dim_size_mem_efficient: q and k equal, v its own width)
-            if query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] == value.shape[-1]:
+            low = query.dtype in (torch.float16, torch.bfloat16)
+            if low and query.shape[-1] == value.shape[-1]:
                 return torch.ops.aten._scaled_dot_product_flash_attention(
                     query, key, value, dropout_p, is_causal, False, scale=scale)[0]
             # a stack that puts cuDNN's kernel first (torchtitan) gets it for q/k and v of different widths too (MLA's
             # 192 and 128): torch's sdp_utils.cpp check_cudnn_tensor_shapes allows head widths up to 256, multiples
             # of 8, on SM 9.0 with cuDNN >= 9.10 (and DeepSeek's 192/128 on SM 10.x from cuDNN 9.11). It saves the
             # output and an fp32 logsumexp. NB: on Ampere (a 128 limit) that layer takes the math path: reads low.
-            widths = (query.shape[-1], value.shape[-1])
-            low = query.dtype in (torch.float16, torch.bfloat16)
-            if cudnn and low and all(w <= 256 and w % 8 == 0 for w in widths):
+            if cudnn and low and all(w <= 256 and w % 8 == 0 for w in (query.shape[-1], value.shape[-1])):
                 return torch.ops.aten._scaled_dot_product_cudnn_attention(
                     query, key, value, None, True, dropout_p, is_causal, False, scale=scale)[0]
             # the memory-efficient kernel has no GQA (sdp_utils.cpp use_mem_efficient_attention:
