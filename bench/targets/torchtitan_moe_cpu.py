@@ -23,10 +23,12 @@ deepseek_v3's 16-bit full recomputation peaks in its CPU math-path MLA attention
 tensors (the one-process op row's gap, not modelled by the analytic engine; the trace probes them).
 
 The trace engine runs the same model and step on fake tensors (one process; one rank of a fake process group, its EP
-dispatch sized by the forced routing) beside each row; it refuses gpt_oss, whose expert biases are repeated by the
-router's token counts (step/torchtitan.py trace_refusal). The third table has no real step: real-scale models on
-CUDA semantics (CUDA's kernels, 512-byte blocks), the analytic engine against the trace at 2 × 8,192 tokens per GPU,
-one GPU's unsharded step, one rank of FSDP 8 with EP 8, and DeepSeek-V3 (671B) on 64 GPUs with EP 64.
+dispatch sized by the routing: here the forced one) beside each row; it refuses gpt_oss, whose expert biases are
+repeated by the router's token counts (step/torchtitan.py trace_refusal). The third table has no real step: real-scale
+models on CUDA semantics (CUDA's kernels, 512-byte blocks), the analytic engine against the trace at 2 × 8,192 tokens
+per GPU, one GPU's unsharded step, one rank of FSDP 8 with EP 8 (forced balance, and learned routing at the dropless
+default load, analytic/moe_imbalance.py DROPLESS: the trace's all-to-all receives that load, step/torchtitan_moe.py
+received_splits), and DeepSeek-V3 (671B) on 64 GPUs with EP 64.
 """
 from __future__ import annotations
 
@@ -118,11 +120,13 @@ def run_scale() -> list[dict]:
     ep8 = [(name, "FSDP 8, EP 8, forced balance", dict(precision="bf16", recompute=r, dp=8, zero=3, ep=8,
                                                        moe_force_balance=True))
            for name in SCALE_MODELS[:2] for r in ("none", "full")]
+    learned = [(name, "FSDP 8, EP 8, learned routing", dict(precision="bf16", recompute=r, dp=8, zero=3, ep=8))
+               for name in SCALE_MODELS[:2] for r in ("none", "full")]
     # DeepSeek-V3 (671B) on 64 GPUs, its experts over all of them
     ep64 = [("deepseek-v3", "FSDP 64, EP 64, forced balance", dict(precision="bf16", recompute="full", dp=64, zero=3,
                                                                    ep=64, moe_force_balance=True))]
     rows, specs = [], {}
-    for name, layout, settings in one_gpu + ep8 + ep64:
+    for name, layout, settings in one_gpu + ep8 + learned + ep64:
         if name not in specs:  # (each model loaded once)
             specs[name] = load_spec(name)
         sp = specs[name]

@@ -17,7 +17,7 @@ sp, s = spec("qwen3"), setup(dp=2, ep=2, zero=3, recompute="op", moe_force_balan
 model_class, args = torchtitan_moe.model_and_args(sp, setup())  # (check() refuses s itself)
 with torch.device("meta"):
     model = model_class(args)
-torchtitan_moe.parallelize(model, s, "cpu", torchtitan_moe.op_sac_save_list(sp, s))
+torchtitan_moe.parallelize(model, sp, s, "cpu", torchtitan_moe.op_sac_save_list(sp, s))
 model.to_empty(device="cpu")
 with torch.no_grad():
     model.init_weights(buffer_device=None)

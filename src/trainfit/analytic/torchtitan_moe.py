@@ -111,8 +111,10 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
         w = a if autocast(setup, a) else FP32  # autocast runs bmm in its dtype and casts both fp32 operands
         combine = w * k * h + w * k
     experts = k * row_bytes(spec, st, setup)  # each routed copy's row of the grouped GEMMs
+    # the busiest rank's experts run on its received copies; the router's, the reorder's and the scores' tensors are
+    # the source rank's own T·k (made before ExpertParallel's dispatch, moe.py:500-521)
     load = busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp)
-    mlp = router + combine + (reorder + score + experts) * load
+    mlp = router + combine + reorder + score + experts * load
     fixed = uncached_fixed(spec, setup)
     if amp:
         fixed += a * m.num_experts * h  # autocast's cast of the gate weight
@@ -205,7 +207,9 @@ def moments(spec: ModelSpec, setup: Setup, st, tokens: float, pending: float, re
     # the shared experts run after the routed ones (moe.py:525-528): their saved set is not made again yet
     s = m.shared_intermediate
     shared = sum(shared_saved(spec, st)) * tokens if s else 0.0
-    out.append(Moment(recomputed - combine - shared + pending + grad_cast + mid + unpermute + rows * h * r
+    # the padded input: in the saved set already where it is bf16 (grouped_mm saves x.bfloat16(), x itself)
+    padded_in = rows * h * r if r != BF16 else 0.0
+    out.append(Moment(recomputed - combine - shared + pending + grad_cast + mid + unpermute + padded_in
                       + routed_in + block_in, 0.0))
     if ep and s:
         # (d) at the unsort's zeros (moe.py:531-535), after the shared experts: the all-to-all's input (the unpadded

@@ -230,23 +230,17 @@ def python_held(setup: "Setup") -> bool:
 
 def trace_refusal(spec: "ModelSpec", setup: "Setup") -> str | None:
     """Why the trace engine cannot run this model's step, or None. torchtitan's MoE experts run on the router's padded
-    maximum of rows whatever the routing (models/moe/utils.py:43-58), which traces (torchtitan_moe.kernels), except
-    where a size is read from the router's token counts, data fake tensors do not hold: the expert all-to-all's splits
-    (ExpertParallel._token_dispatch's `.tolist()`, distributed/expert_parallel.py:114-131) unless the routing is
-    forced round-robin (--moe-force-balance: then they are known, torchtitan_moe.forced_dispatch), and gpt_oss's
-    expert biases, repeated per expert by the counts (models/gpt_oss/model/moe.py:159-172)."""
-    if not spec.is_moe:
-        return None
-    if setup.ep > 1 and not setup.moe_force_balance:
-        what = (f"--ep {setup.ep}: the expert all-to-all is sized by the router's token counts, which the trace "
-                "engine's fake tensors do not hold (with --moe-force-balance, torchtitan's round-robin routing, they "
-                "are known and the step traces)")
-    elif setup.stack_facts.moe_model(spec.family) == "gpt_oss":
-        what = (f"{spec.name}: gpt_oss's expert biases are repeated by the router's token counts, which the trace "
-                "engine's fake tensors do not hold")
-    else:
-        return None
-    return f"--stack torchtitan {what}; use --engine analytic or measure"
+    maximum of rows whatever the routing (models/moe/utils.py:43-58), which traces (torchtitan_moe.kernels); under
+    expert parallelism the all-to-all's splits, read from the router's counts (distributed/expert_parallel.py:114-131),
+    are the routing setting's (torchtitan_moe.received_splits). Refused: gpt_oss, whose expert biases are repeated
+    per expert by the counts (models/gpt_oss/model/moe.py:159-172), values no setting gives per expert."""
+    if spec.is_moe and setup.stack_facts.moe_model(spec.family) == "gpt_oss":
+        return (f"--stack torchtitan {spec.name}: gpt_oss's expert biases are repeated by the router's token counts, "
+                "which the trace engine's fake tensors do not hold; use --engine analytic or measure")
+    return None
+
+
+trace_notes = torchtitan_moe.trace_notes  # the distributed trace's line on the routing it assumes
 
 
 def build(spec: "ModelSpec", setup: "Setup", device="cpu", mesh=None, fake: bool = False) -> torch.nn.Module:
@@ -279,7 +273,7 @@ def build(spec: "ModelSpec", setup: "Setup", device="cpu", mesh=None, fake: bool
                                          f"peers; measure with `trainfit measure --nproc {setup.dp}` (torchrun) or "
                                          "use --engine trace (a fake process group)")
     if spec.is_moe:  # its model's parallelize: experts, then recompute, then data parallelism (step/torchtitan_moe.py)
-        torchtitan_moe.parallelize(model, setup, torch.device(device).type, save_list)
+        torchtitan_moe.parallelize(model, spec, setup, torch.device(device).type, save_list)
     else:
         apply_recompute(model, setup, save_list)
         if setup.dp > 1:

@@ -148,7 +148,7 @@ def model_and_args(spec: "ModelSpec", setup: "Setup"):
     return DeepSeekV3Model, args
 
 
-def parallelize(model: torch.nn.Module, setup: "Setup", device_type: str, save_list: set) -> None:
+def parallelize(model: torch.nn.Module, spec: "ModelSpec", setup: "Setup", device_type: str, save_list: set) -> None:
     """The model's parallelize function for data and expert parallelism (qwen3/infra/parallelize.py:111-180; the
     same order in deepseek_v3's and llama4's): apply_moe_ep_tp with ExpertParallel on the ep mesh (ep > 1), then
     apply_ac with the model's `save_list`, then llama4's apply_fsdp over the fsdp mesh, the routed experts over the efsdp mesh
@@ -164,7 +164,7 @@ def parallelize(model: torch.nn.Module, setup: "Setup", device_type: str, save_l
     if dims.ep_enabled:
         from torchtitan.models.llama4.infra.parallelize import apply_moe_ep_tp
 
-        with forced_dispatch() if fake else contextlib.nullcontext():
+        with routed_dispatch(spec, setup) if fake else contextlib.nullcontext():
             apply_moe_ep_tp(model, tp_mesh=None, ep_mesh=dims.get_optional_mesh("ep"), etp_mesh=None,
                             ep_etp_mesh=None, dual_pipe_v=False, use_deepep=False)
     step.apply_recompute(model, setup, save_list)
@@ -184,14 +184,13 @@ def parallelize(model: torch.nn.Module, setup: "Setup", device_type: str, save_l
 
 
 @contextlib.contextmanager
-def forced_dispatch():
+def routed_dispatch(spec: "ModelSpec", setup: "Setup"):
     """While apply_moe_ep_tp wraps the experts (distribute_module binds ExpertParallel._token_dispatch then), the
-    dispatch as the trace runs it on fake tensors, under forced round-robin routing (trace_refusal: --ep > 1 traces
-    with --moe-force-balance only). torchtitan's _token_dispatch (distributed/expert_parallel.py:99-165) all-to-alls
-    the per-expert counts, reads the splits to the host (`.tolist()`, :128-129: values fake tensors lack), all-to-alls
-    the routed rows and pads them per local expert (_permute). This one makes the same tensors and collectives, its
-    splits those of torchtitan's round-robin routing (analytic/moe_imbalance.py round_robin_counts: every source rank
-    sends each rank its count, so a rank receives its own count from each)."""
+    dispatch as the trace runs it on fake tensors. torchtitan's _token_dispatch (distributed/expert_parallel.py:99-165)
+    all-to-alls the per-expert counts, reads the splits to the host (`.tolist()`, :128-129: values fake tensors lack),
+    all-to-alls the routed rows and pads them per local expert (_permute, whose sizes follow the rows received,
+    models/moe/utils.py:43-58). This one makes the same tensors and collectives, its splits the routing's
+    (received_splits)."""
     from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd
     from torchtitan.distributed.expert_parallel import ExpertParallel
     from torchtitan.models.moe.utils import _permute
@@ -207,8 +206,9 @@ def forced_dispatch():
             per_group = torch.ops._c10d_functional.wait_tensor(per_group)
             num_tokens_per_expert.view(ep, -1).sum(dim=1).to(torch.device("cpu"))  # (the splits' host copies)
             per_group.view(ep, -1).sum(dim=1).to(torch.device("cpu"))
-            counts = round_robin_counts(routed_input.shape[0], experts, ep)
-            self.input_splits, self.output_splits = counts, [counts[device_mesh.get_local_rank()]] * ep
+            sent = routed_input.shape[0]
+            self.input_splits = round_robin_counts(sent, experts, ep)
+            self.output_splits = received_splits(spec, setup, sent, ep, device_mesh.get_local_rank())
         routed_input = all_to_all_single_autograd(routed_input, self.output_splits, self.input_splits,
                                                   device_mesh.get_group())
         self.input_shape, routed_input, self.permuted_indices, per_group = _permute(
@@ -221,6 +221,38 @@ def forced_dispatch():
         yield
     finally:
         ExpertParallel._token_dispatch = real
+
+
+def received_splits(spec: "ModelSpec", setup: "Setup", sent: int, ep: int, rank: int) -> list[int]:
+    """The routed copies the traced EP `rank` receives from each of the `ep` source ranks, each of which sends `sent`
+    (its tokens × top_k), as the routing setting gives them (analytic/moe_imbalance.py, the analytic engine's source):
+      * torchtitan's forced balance (--moe-force-balance): its round-robin routing, exact (round_robin_counts:
+        every source rank routes alike, so the rank receives its own count from each);
+      * learned routing: the traced rank is the busiest: it receives busiest_rank_load (--moe-imbalance, default
+        the dropless DROPLESS) times the balanced `sent`, in equal parts from each source rank (NB: equal parts: the
+        all-to-all's buffers are sized by the sum, which is the setting's). What a rank sends sizes nothing new (its
+        routed rows exist before the dispatch): round-robin counts, balanced."""
+    from ..analytic.moe_imbalance import busiest_rank_load, forced_by, round_robin_counts
+    from ..models.hf_config import as_built
+
+    spec = as_built(spec, setup)  # (torchtitan's llama4 routes its tokens: [spec_as_built.llama4])
+    if setup.moe_force_balance and forced_by(setup) == "round-robin":
+        return [round_robin_counts(sent, spec.moe.num_experts, ep)[rank]] * ep
+    received = round(sent * busiest_rank_load(spec, setup, sent / spec.moe.top_k))
+    return [received // ep + (i < received % ep) for i in range(ep)]
+
+
+def trace_notes(spec: "ModelSpec", setup: "Setup") -> list[str]:
+    """The distributed trace's line on the routing it assumes (received_splits), under expert parallelism."""
+    from ..analytic.moe_imbalance import busiest_rank_load
+    from ..models.hf_config import as_built
+
+    if setup.ep <= 1 or not spec.is_moe:
+        return []
+    load = busiest_rank_load(as_built(spec, setup), setup, setup.batch * setup.seq / setup.cp)
+    return [f"expert parallelism: the traced rank receives {load:.2f}x the balanced routed tokens (the all-to-all's "
+            "splits, values fake tensors do not hold, are the routing setting's: --moe-imbalance, "
+            "--moe-force-balance; analytic/moe_imbalance.py)"]
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ import contextlib
 import time
 
 import torch
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from ..analytic.layout import validate_layout
 from ..errors import EngineUnavailableError
@@ -78,6 +78,7 @@ class ShardedRecorder(AllocationRecorder):
 
         self.plain = self.plain | {DTensor}
         self.backend = backend
+        self.in_flight = {}  # a functional collective's output storage id -> its inputs, until the wait
         self.wrapped_at = None  # the event at which the wrapped model exists (_trace_rank; trace/engine.py replay_args)
         c10d = torch.ops.c10d
         self.scratch_of = {}
@@ -97,6 +98,7 @@ class ShardedRecorder(AllocationRecorder):
         # a functional collective's wait returns the tensor it waited on (torch/csrc/distributed/c10d/Functional.cpp
         # wait_tensor: `return tensor`), where the op's fake kernel makes a new one
         out = args[0] if func is WAIT_TENSOR else func(*args, **(kwargs or {}))
+        self._hold_collective_inputs(func, args, kwargs, out)
         if self.flops is not None:
             self.flops.count(func, args, kwargs, out)
         if scratch is None and (func in self.promoting or func in self.probed):
@@ -120,6 +122,27 @@ class ShardedRecorder(AllocationRecorder):
             self.event += 1
             self.total -= scratch.nbytes
         return out
+
+    def _hold_collective_inputs(self, func, args, kwargs, out) -> None:
+        """A functional collective's input lives until an eager step waits on its output: the op registers its Work
+        under the output (torch/csrc/distributed/c10d/Functional.cpp: `c10d::register_work(output, work)`), the Work
+        holds the tensors it sends (gloo's AsyncAlltoallWork as members; NCCL's WorkNCCL stashes them for the
+        allocator) until wait_tensor, and eager code waits at the output's first use that is not a view
+        (_functional_collectives.py AsyncCollectiveTensor.__torch_dispatch__: `if not is_view_op: trigger_wait()`).
+        Under FakeTensorMode the module waits at once (_maybe_wrap_tensor: `_are_we_tracing`, which takes fake mode
+        for compilation), so the trace holds the input itself, keyed by the output's storage, until that first use:
+        e.g. torchtitan's MoE runs its shared experts while the combine's all-to-all is in flight (models/moe/
+        moe.py:525-535)."""
+        from torch.distributed._functional_collectives import _is_view_op
+
+        # (prim ops, e.g. prim::device, read metadata: no wait, and no schema _is_view_op can look up)
+        if self.in_flight and func is not WAIT_TENSOR and func.namespace != "prim" and not _is_view_op(func):
+            for a in tree_leaves((args, kwargs)):
+                if isinstance(a, torch.Tensor):
+                    self.in_flight.pop(id(_local(a).untyped_storage()), None)
+        if func.namespace in ("_c10d_functional", "_c10d_functional_autograd") and isinstance(out, torch.Tensor) \
+                and func is not WAIT_TENSOR:
+            self.in_flight[id(_local(out).untyped_storage())] = [_local(a) for a in args if isinstance(a, torch.Tensor)]
 
     def storage_resized(self, tensor) -> None:
         """FSDP2 frees and re-allocates its unsharded parameters with `untyped_storage().resize_()`, which no
@@ -345,7 +368,8 @@ def trace_distributed(spec: ModelSpec, setup: Setup, *, backend: str | None = No
                      f"{backend or ('nccl' if setup.device == 'cuda' else 'gloo')} backend temporaries" +
                      ("; the allocator replay starts from the wrapped model (a job loads it on the CPU or the meta "
                       "device, not unsharded on the GPU)" if setup.device == "cuda" else ""),) + \
-        ((kit.NOTE,) if kit.NOTE else ()) + ((RESERVED_NOTE,) if setup.device == "cuda" else ())
+        ((kit.NOTE,) if kit.NOTE else ()) + tuple(getattr(kit, "trace_notes", lambda *_: ())(spec, setup)) + \
+        ((RESERVED_NOTE,) if setup.device == "cuda" else ())
     est = estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq, time.perf_counter() - t0, notes,
                         alloc_conf=alloc_conf)
     import dataclasses
