@@ -209,14 +209,12 @@ def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Es
     order = {"analytic": [analytic], "trace": [trace], "measure": [measure], "all": [analytic, trace]}[engine]
     skipped = None
     if engine == "all":
-        spec, setup = resolve(req)
+        setup = resolve(req)[1]
         skipped = _trace_refused(setup)
         if skipped is not None:
             # the trace does not run this stack's step: skipped with its reason, and the measure engine takes its
             # place where it runs the stack (DeepSpeed on --dp ranks)
             order = [analytic] + ([measure] if setup.stack_facts.engine_runs("measure") else [])
-        elif (skipped := _trace_refused_model(spec, setup)) is not None:
-            order = [analytic]  # the stack's step runs, this model's not on fake tensors: the analytic alone
     if measure_too and measure not in order:
         order = [*order, measure]
     if measure in order:  # refused before any engine runs, so the refusal names the engine, not another's need
@@ -321,14 +319,6 @@ def _trace_refused(setup: Setup) -> str | None:
     except SetupError as e:
         return str(e)
     return None
-
-
-def _trace_refused_model(spec, setup: Setup) -> str | None:
-    """Why the trace engine cannot run this model on the stack's step (its step module's trace_refusal), or None."""
-    from .step import stack_step
-
-    refusal = getattr(stack_step(setup), "trace_refusal", None)
-    return refusal(spec, setup) if refusal else None
 
 
 def measure_with_predictions(req: Request, steps: int, warmup: int, progress=None, force: bool = False,

@@ -168,16 +168,6 @@ def test_analytic_matches_the_trace_on_cuda_semantics(model, precision, recomput
     assert abs(est - traced) <= tol * traced, f"analytic {est:.0f} vs trace {traced} ({(est - traced) / traced:+.3%})"
 
 
-def test_trace_refuses_gpt_oss_in_one_line():
-    """gpt_oss's expert biases are repeated by the router's per-expert counts, which no routing setting gives: the
-    trace engine says so, in one line."""
-    from trainfit.engines import trace
-
-    with pytest.raises(EngineUnavailableError, match="router's token counts") as e:
-        trace(spec("gpt_oss"), setup(precision="bf16"))
-    assert "gpt_oss's expert biases" in str(e.value) and "\n" not in str(e.value)
-
-
 @pytest.mark.parametrize("model,precision,recompute,imbalance", [
     ("qwen3", "amp-bf16", "full", None), ("qwen3", "bf16", "none", 1.5),
     ("deepseek_v3", "fp32", "full", 1.5), ("deepseek_v3", "bf16", "none", None)])
@@ -266,16 +256,17 @@ def test_analytic_peak_matches_every_rank_of_torchtitans_ep_step(model, cases):
     forced routing, step/torchtitan_moe.py received_splits) within 0.01 %."""
     from trainfit.engines import trace
     from trainfit.measure.distributed import measure_distributed_many
-    from trainfit.step.torchtitan import trace_refusal
 
     sp = spec(model)
     setups = [setup(dp=2, zero=3, precision=p, recompute=r, ep=ep, moe_force_balance=ep > 1) for p, r, ep in cases]
     for s, ranks in zip(setups, measure_distributed_many(sp, setups, 2, steps=0, warmup=2)):
         est = estimate(sp, s).memory.peak
-        traced = None if trace_refusal(sp, s) else trace(sp, s).memory.peak  # (gpt_oss: refused, test above)
+        traced = trace(sp, s).memory.peak
+        # (gpt_oss at EP 1 routes as it learns: its experts' biases repeated by an even split in the trace)
+        tol = 1e-3 if model == "gpt_oss" and s.ep == 1 else 1e-4
         for r in ranks:
             assert abs(est - r.peak) / r.peak <= 0.005, (s.precision, s.recompute, s.ep, r.rank, est, r.peak)
-            assert traced is None or abs(traced - r.peak) <= 1e-4 * r.peak, (s.precision, s.recompute, traced, r.peak)
+            assert abs(traced - r.peak) <= tol * r.peak, (s.precision, s.recompute, traced, r.peak)
 
 
 @pytest.mark.heavy
@@ -510,7 +501,11 @@ def test_cpu_flex_attention_masks_each_sequence_by_its_own_documents():
 @pytest.mark.parametrize("changes", [{}, {"num_hidden_layers": 4, "sliding_window": 128}])
 def test_analytic_peak_matches_torchtitans_real_gpt_oss_step(recompute, changes):
     """torchtitan's gpt_oss, bf16 (the precision it trains its blocks in), each recompute policy, a window shorter
-    than the sequence and one as long: the analytic peak against the measure engine's real CPU step."""
+    than the sequence and one as long: the analytic peak against the measure engine's real CPU step, and the trace's
+    within 0.1 % (its experts' biases repeated by the routing setting's counts, step/torchtitan_moe.py
+    known_expert_rows: an even split where the real router's differs, each expert's padding by under 8 rows; the CPU
+    flex stand-in's chunk temporaries not made)."""
+    from trainfit.engines import trace
     from trainfit.measure import measure
 
     sp, s = spec("gpt_oss", **changes), setup(precision="bf16", recompute=recompute)
@@ -518,6 +513,8 @@ def test_analytic_peak_matches_torchtitans_real_gpt_oss_step(recompute, changes)
     est = estimate(sp, s)
     err = (est.memory.peak - real.peak) / real.peak
     assert abs(err) <= 0.005, f"analytic {est.memory.peak:.0f} vs real {real.peak} ({err:+.3%})"
+    traced = trace(sp, s).memory.peak
+    assert abs(traced - real.peak) <= 0.001 * real.peak, f"trace {traced} vs real {real.peak}"
 
 
 @pytest.mark.parametrize("argv, words", [(["--precision", "amp-bf16"], "use --precision bf16"),
@@ -578,15 +575,16 @@ def test_emitted_llama4_job_parses_with_torchtitans_config_manager(tmp_path):
     assert (cfg.model.name, cfg.model.flavor, cfg.parallelism.expert_parallel_degree) == ("llama4", "17bx16e", 8)
 
 
-def test_engine_all_skips_the_trace_where_the_router_sizes_the_step(cli):
-    """`--engine all` runs the trace beside the analytic engine on torchtitan's MoE step (at --ep 2 too), and on
-    gpt_oss runs the analytic engine and says why the trace is skipped (it was an error, exit 2)."""
+def test_engine_all_runs_the_trace_where_the_router_sizes_the_step(cli):
+    """`--engine all` runs the trace beside the analytic engine on torchtitan's MoE step where the router's counts
+    size it: the expert all-to-all at --ep 2 and gpt_oss's expert biases (the trace was skipped on both, with its
+    reason)."""
     base = ["--stack", "torchtitan", "--engine", "all", "--batch", "2", "--seq", "128"]
-    code, out, err = cli("estimate", "tiny-deepseek-v2", *base, "--dp", "2", "--zero", "3", "--ep", "2")
-    assert code == 0 and "trace engine skipped" not in out, err
-    code, out, err = cli("estimate", "tiny-gpt-oss", *base, "--precision", "bf16")
-    assert code == 0, err
-    assert "trace engine skipped" in out and "router's token counts" in out
+    for model, more in (("tiny-deepseek-v2", ["--dp", "2", "--zero", "3", "--ep", "2"]),
+                        ("tiny-gpt-oss", ["--precision", "bf16", "--dp", "2", "--zero", "3", "--ep", "2"])):
+        code, out, err = cli("estimate", model, *base, *more)
+        assert code == 0 and "trace engine skipped" not in out, err
+        assert "trace ┃" in out, out
 
 
 def test_measure_runs_ep_on_torchtitan_only(cli):

@@ -20,7 +20,6 @@ optimizer takes requires_grad parameters only, trainfit.step.standard._params). 
 """
 from __future__ import annotations
 
-import contextlib
 import warnings
 from typing import TYPE_CHECKING
 
@@ -28,6 +27,7 @@ import torch
 
 from ..errors import SetupError
 from ..setup import lora_target_names
+from .fake_moves import fake_safe_module_moves
 from .quant import prepare_kbit, quantize_base
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -81,7 +81,7 @@ def apply_lora(model: torch.nn.Module, setup: "Setup") -> torch.nn.Module:
     model = prepare_kbit(quantize_base(model, setup), setup)  # --quant: the bitsandbytes base peft wraps, prepared
     config = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=targets,
                         use_dora=setup.dora, bias="none")
-    with _fake_safe_adapter_moves(model), warnings.catch_warnings():
+    with fake_safe_module_moves(), warnings.catch_warnings():
         # peft 0.21.2 peft_model.py:184 reads transformers' deprecated is_gradient_checkpointing, which transformers
         # 5.24 warns of (modeling_utils.py:3312): their hand-over, not the user's to act on
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
@@ -98,44 +98,8 @@ def _cast_trainable(model: torch.nn.Module, dtype: torch.dtype) -> None:
     the training dtype (recipes/lora_finetune_single_device.py `with training.set_default_dtype(self._dtype)`).
     peft's autocast_adapter_dtype=False does not reach this for a bitsandbytes base, whose uint8/int8 weight dtype
     peft does not copy (tuners_utils.py:2182-2186 casts to floating dtypes only), so we
-    reassign each trainable parameter (fake-safe, as _fake_safe_adapter_moves)."""
+    reassign each trainable parameter (fake-safe, as fake_moves.fake_safe_module_moves)."""
     for owner in model.modules():
         for name, p in list(owner.named_parameters(recurse=False)):
             if p.requires_grad and p.dtype != dtype:
                 setattr(owner, name, torch.nn.Parameter(p.detach().to(dtype), True))
-
-
-@contextlib.contextmanager
-def _fake_safe_adapter_moves(model: torch.nn.Module):
-    """Under FakeTensorMode (the trace engine), peft moves each new adapter and lora.Linear to its base layer's
-    device and dtype with Module.to (tuners_utils.py:2210, lora/model.py:496), and torch's Module._apply swaps fake
-    parameters with torch.utils.swap_tensors (nn/modules/module.py:968-987), which fails on fake tensors
-    ("Cannot swap t1 because it has weakref associated with it", even for a plain nn.Linear). On fake tensors we
-    make the same move by reassigning each parameter and buffer that changes (as peft's own cast_adapter_dtype
-    does, tuners_utils.py:2745-2760): the resulting devices and dtypes are those of Module.to. Real tensors take
-    torch's path unchanged."""
-    from torch._subclasses.fake_tensor import is_fake
-
-    if not any(is_fake(p) for p in model.parameters()):
-        yield
-        return
-    original = torch.nn.Module.to
-
-    def to(self, *args, **kwargs):
-        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
-        for owner in self.modules():
-            for name, p in list(owner.named_parameters(recurse=False)):
-                want = p.to(device=device, dtype=dtype if dtype is not None and p.is_floating_point() else None)
-                if want is not p:
-                    setattr(owner, name, torch.nn.Parameter(want.detach(), p.requires_grad))
-            for name, b in list(owner.named_buffers(recurse=False)):
-                if b is not None:
-                    owner._buffers[name] = b.to(device=device, dtype=dtype if dtype is not None and
-                                                b.is_floating_point() else None)
-        return self
-
-    torch.nn.Module.to = to
-    try:
-        yield
-    finally:
-        torch.nn.Module.to = original

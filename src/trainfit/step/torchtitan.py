@@ -39,6 +39,7 @@ import torch
 
 from ..errors import EngineUnavailableError
 from .build import param_dtype
+from .fake_moves import fake_safe_module_moves
 from .standard import _is_real, make_optimizer
 from . import torchtitan_lowp, torchtitan_moe
 
@@ -228,18 +229,6 @@ def python_held(setup: "Setup") -> bool:
     return setup.zero >= 2
 
 
-def trace_refusal(spec: "ModelSpec", setup: "Setup") -> str | None:
-    """Why the trace engine cannot run this model's step, or None. torchtitan's MoE experts run on the router's padded
-    maximum of rows whatever the routing (models/moe/utils.py:43-58), which traces (torchtitan_moe.kernels); under
-    expert parallelism the all-to-all's splits, read from the router's counts (distributed/expert_parallel.py:114-131),
-    are the routing setting's (torchtitan_moe.received_splits). Refused: gpt_oss, whose expert biases are repeated
-    per expert by the counts (models/gpt_oss/model/moe.py:159-172), values no setting gives per expert."""
-    if spec.is_moe and setup.stack_facts.moe_model(spec.family) == "gpt_oss":
-        return (f"--stack torchtitan {spec.name}: gpt_oss's expert biases are repeated by the router's token counts, "
-                "which the trace engine's fake tensors do not hold; use --engine analytic or measure")
-    return None
-
-
 trace_notes = torchtitan_moe.trace_notes  # the distributed trace's line on the routing it assumes
 
 
@@ -249,9 +238,9 @@ def build(spec: "ModelSpec", setup: "Setup", device="cpu", mesh=None, fake: bool
 
     fake=True (the trace engine, under FakeTensorMode): the model is created on `device` directly and torchtitan's
     init_weights (values only) is skipped -- FakeTensorMode cannot swap meta parameters for fake ones in to_empty,
-    and trunc_normal_ reads a tensor value; the parameters, buffers and wrappers are the same."""
-    if fake and (why := trace_refusal(spec, setup)):
-        raise EngineUnavailableError(why)
+    and trunc_normal_ reads a tensor value; the parameters, buffers and wrappers are the same. Where the step reads
+    the router's counts (the expert all-to-all's splits, gpt_oss's expert biases) the fake model takes the routing
+    setting's (torchtitan_moe.routed_dispatch, known_expert_rows)."""
     if spec.is_moe:
         model_class, args = torchtitan_moe.model_and_args(spec, setup)
         save_list = torchtitan_moe.op_sac_save_list(spec, setup)
@@ -262,9 +251,14 @@ def build(spec: "ModelSpec", setup: "Setup", device="cpu", mesh=None, fake: bool
         model_class, args = Transformer, model_args(spec, setup)
     from torchtitan.tools.utils import set_default_dtype
 
-    with torch.device(device if fake else "meta"), set_default_dtype(param_dtype(setup)):  # train.py:147-151
-        model = model_class(args)
+    # (fake_safe_module_moves: gpt_oss casts each block as it builds it, which torch cannot do on fake parameters;
+    # NB: its MoE's two fp32 count buffers, which init_weights, skipped on fake tensors, makes again in fp32
+    # (models/moe/moe.py:567-574), stay cast: 16 bytes an expert a layer low)
+    with torch.device(device if fake else "meta"), set_default_dtype(param_dtype(setup)), fake_safe_module_moves():
+        model = model_class(args)  # train.py:147-151
     torchtitan_lowp.convert(model, setup, spec.layers)  # train.py:153-155: the model converters, before parallelize
+    if fake and spec.is_moe:
+        torchtitan_moe.known_expert_rows(model, spec, setup)
     if setup.dp > 1 and mesh is None:
         import torch.distributed as dist
 

@@ -22,10 +22,12 @@ llama4 model/args.py:73-77), which this step does not call.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import TYPE_CHECKING
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import EngineUnavailableError
 
@@ -242,6 +244,68 @@ def received_splits(spec: "ModelSpec", setup: "Setup", sent: int, ep: int, rank:
     return [received // ep + (i < received % ep) for i in range(ep)]
 
 
+def local_expert_rows(spec: "ModelSpec", setup: "Setup", sent: int, ep: int, rank: int) -> list[int]:
+    """The routed copies each of EP `rank`'s local experts receives, as the routing setting gives them
+    (received_splits, per expert): under torchtitan's forced balance its round-robin routing, exact (each source
+    rank's `sent` copies go to experts arange(sent) % E: expert e gets sent // E, one more where e < sent mod E, from
+    each of the ep sources); under learned routing the rank's received copies in near-equal parts over its experts
+    (NB: the setting gives the rank's load, not its experts'; an even split pads the least, by under 8 rows an expert,
+    models/moe/kernels.py:183-189)."""
+    from ..analytic.moe_imbalance import forced_by
+    from ..models.hf_config import as_built
+
+    experts = as_built(spec, setup).moe.num_experts
+    local = experts // ep
+    if setup.moe_force_balance and forced_by(setup) == "round-robin":
+        return [ep * (sent // experts + (e < sent % experts)) for e in range(rank * local, (rank + 1) * local)]
+    received = sum(received_splits(spec, setup, sent, ep, rank))
+    return [received // local + (j < received % local) for j in range(local)]
+
+
+class _KnownRows(TorchDispatchMode):
+    """Inside gpt_oss's experts on fake tensors (known_expert_rows), the two values they read from the router's
+    aligned counts, given: their sum (`int(offsets[-1])`, the tail's size: aten._local_scalar_dense) and the biases'
+    repeat by them (aten.repeat_interleave.Tensor, whose output the sum sizes: passed as its output_size)."""
+
+    def __init__(self, rows: int):
+        super().__init__()
+        self.rows = rows
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return self.rows
+        if func is torch.ops.aten.repeat_interleave.Tensor:
+            kwargs = {**kwargs, "output_size": self.rows}
+        return func(*args, **kwargs)
+
+
+def known_expert_rows(model: torch.nn.Module, spec: "ModelSpec", setup: "Setup") -> None:
+    """On fake tensors (the trace engine), each gpt_oss experts module runs its forward under _KnownRows with the
+    aligned rows the routing setting gives the traced rank, rank 0 (local_expert_rows, each expert's count aligned as
+    generate_permute_indices aligns it: round_up(max(n, 8), 8), models/moe/kernels.py:183-189): gpt_oss repeats its
+    expert biases by those counts and sizes the tail rows by their sum (models/gpt_oss/model/moe.py:142-176), values
+    fake tensors do not hold. Every other torchtitan MoE model reads no count inside its experts."""
+    from torchtitan.models.gpt_oss.model.moe import GptOssGroupedExperts
+    from torchtitan.models.moe import utils
+
+    from ..models.hf_config import as_built
+
+    experts = [m for m in model.modules() if isinstance(m, GptOssGroupedExperts)]
+    if not experts:
+        return
+    align = utils.TOKEN_GROUP_ALIGN_SIZE_M
+    sent = setup.batch * setup.seq * as_built(spec, setup).moe.top_k
+    rows = sum(-(-max(n, align) // align) * align for n in local_expert_rows(spec, setup, sent, setup.ep, 0))
+    for module in experts:
+        module.forward = functools.partial(_forward_with_rows, module, rows)
+
+
+def _forward_with_rows(module: torch.nn.Module, rows: int, *args, **kwargs):
+    with _KnownRows(rows):
+        return type(module).forward(module, *args, **kwargs)
+
+
 def trace_notes(spec: "ModelSpec", setup: "Setup") -> list[str]:
     """The distributed trace's line on the routing it assumes (received_splits), under expert parallelism."""
     from ..analytic.moe_imbalance import busiest_rank_load
@@ -325,7 +389,7 @@ def kernels(model: torch.nn.Module, setup: "Setup"):
       * under CUDA semantics (setup.device "cuda") torch.histc counts the int64 ids as they are (CUDA's histc takes
         integer input, its output (bins,) of the input's dtype: aten/src/ATen/native/cuda/SummaryOps.cu _histc_cuda),
         without the CPU's float copy; its values are not computed (the trace reads none).
-    (gpt_oss is not traced: step/torchtitan.py trace_refusal.)"""
+    (gpt_oss's experts read the counts' values: known_expert_rows.)"""
     blocks = getattr(model, "layers", {})
     moe = any(getattr(b, "moe_enabled", False) for b in (blocks.values() if hasattr(blocks, "values") else blocks))
     param = next(model.parameters())
@@ -370,7 +434,18 @@ def forward_kwargs(model: torch.nn.Module, tokens: torch.Tensor) -> dict:
     the causal mask needs no tokenizer, models/gpt_oss/model/model.py:398-401)."""
     if getattr(getattr(model, "model_args", None), "attn_type", "sdpa") != "flex":
         return {}
-    return {"attention_masks": model.get_attention_masks(input_batch=tokens, tokenizer=None)}
+    if not is_fake(tokens):
+        return {"attention_masks": model.get_attention_masks(input_batch=tokens, tokenizer=None)}
+    # on fake tensors (the trace engine) the masks are built real, outside the trace's modes, from tokens of the same
+    # shape: torchtitan builds them with a torch.compile'd create_block_mask (models/attention.py:300-305), whose
+    # compiled kernel reads its inputs' memory; gpt_oss's causal and window masks read no token value
+    # (model.py:398-414), and the CPU stand-in reads only their mask_mod (cpu_flex_attention). NB: the BlockMask's
+    # block-count tensors (int32, (batch, 1, seq / 128 [, seq / 128])) are not recorded: low by at most that
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        real = torch.zeros(tokens.shape, dtype=tokens.dtype)
+        return {"attention_masks": model.get_attention_masks(input_batch=real, tokenizer=None)}
 
 
 # -- flex attention on CPU ---------------------------------------------------------------------------------------
@@ -413,6 +488,12 @@ def cpu_flex_op():
                         lse2[i, j, c:c + _CHUNK] = lse / math.log(2)
         return out, lse2.mul_(math.log(2))
 
+    @op.register_fake
+    def _(q, k, v, mask, scale):
+        # on fake tensors (the trace engine) what flex attention's fused kernel returns, the output and its fp32
+        # logsumexp (NB: the CPU loop's own chunk temporaries, at most _CHUNK rows of fp32 scores, are not made)
+        return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
     def setup_context(ctx, inputs, output):
         # (the region's outputs are the output and the natural-log lse: what per-op SAC stores; the log2 lse the
         # HOP keeps is made here, where autograd saves it)
@@ -426,6 +507,8 @@ def cpu_flex_op():
         b, h, s, d = q.shape
         rep = h // k.shape[1]
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        if is_fake(q):  # the fused backward's gradients (NB: its fp32 (b, h, s) row sums not made)
+            return dq, dk, dv, None, None
         for i in range(b):
             for g in range(k.shape[1]):
                 kk, vv = k[i, g].float(), v[i, g].float()

@@ -127,12 +127,12 @@ class ShardedRecorder(AllocationRecorder):
         """A functional collective's input lives until an eager step waits on its output: the op registers its Work
         under the output (torch/csrc/distributed/c10d/Functional.cpp: `c10d::register_work(output, work)`), the Work
         holds the tensors it sends (gloo's AsyncAlltoallWork as members; NCCL's WorkNCCL stashes them for the
-        allocator) until wait_tensor, and eager code waits at the output's first use that is not a view
-        (_functional_collectives.py AsyncCollectiveTensor.__torch_dispatch__: `if not is_view_op: trigger_wait()`).
-        Under FakeTensorMode the module waits at once (_maybe_wrap_tensor: `_are_we_tracing`, which takes fake mode
-        for compilation), so the trace holds the input itself, keyed by the output's storage, until that first use:
-        e.g. torchtitan's MoE runs its shared experts while the combine's all-to-all is in flight (models/moe/
-        moe.py:525-535)."""
+        allocator) until wait_tensor, and eager code waits at the output's first use that is not a view (torch 2.13.0
+        distributed/_functional_collectives.py:1129-1143, AsyncCollectiveTensor.__torch_dispatch__). Under
+        FakeTensorMode that module waits at once (:1402-1405 _maybe_wrap_tensor; :1388-1399 _are_we_tracing takes
+        fake mode for compilation), so the trace holds the input itself, keyed by the output's storage, until that
+        first use: e.g. torchtitan's MoE runs its shared experts while the combine's all-to-all is in flight
+        (models/moe/moe.py:525-535)."""
         from torch.distributed._functional_collectives import _is_view_op
 
         # (prim ops, e.g. prim::device, read metadata: no wait, and no schema _is_view_op can look up)
