@@ -163,11 +163,11 @@ def moments(spec: ModelSpec, setup: Setup, st, tokens: float, pending: float, re
     (a) with recomputation, inside the re-run forward (started by the combine's BmmBackward0, its first node) at
         _unpermute (models/moe/utils.py:62-66): the experts' output cast back to x's dtype (`.type_as(x)`, P rows),
         the unpadded output (T·k + 1 rows, new_empty) and index_put's int64 copy of the int32 indices; beside them
-        the forward frames' locals no op saved: the padded input (P rows, held by indices_padding_wrapper), the
-        routed input (T·k rows, MoE.forward), the scaled and the sorted top-k scores, and under autocast the block
-        input (the gate saves its cast); and the saved set made again so far (all but the combine's bmm operands)
-        and the gradients made before the re-run: the layer output's (`pending`) and its cast to the bmm's dtype
-        (the `.to(x.dtype)` of moe.py:474);
+        the forward frames' locals no op saved: the padded input (P rows, held by indices_padding_wrapper; saved
+        already where it is bf16, grouped_mm's `x.bfloat16()` being x), the routed input (T·k rows, MoE.forward),
+        the scaled and the sorted top-k scores, and under autocast the block input (the gate saves its cast); and
+        the saved set made again so far (all but the combine's bmm operands) and the gradients made before the
+        re-run: the layer output's (`pending`) and its cast to the bmm's dtype (the `.to(x.dtype)` of moe.py:474);
     (b) the combine's bmm backward: the gradients of its two operands beside the whole saved set;
     (c) with recomputation, at the re-run's last op of MoE.forward (moe.py:482, the shared experts' output plus the
         routed; without shared experts the cast of the weighted sum, :474): the whole saved set and the frame's
