@@ -69,25 +69,17 @@ def precisions(sp) -> tuple:
     return ("bf16",) if facts["model"].get(sp.family) in facts["blocks_bf16"] else PRECISIONS
 
 
-def traced(sp, s) -> int | None:
-    """The trace engine's peak, or None where it refuses the step."""
+def traced(sp, s) -> int:
+    """The trace engine's peak."""
     from trainfit import engines
-    from trainfit.errors import EngineUnavailableError
 
-    try:
-        return engines.trace(sp, s).memory.peak
-    except EngineUnavailableError:
-        return None
+    return engines.trace(sp, s).memory.peak
 
 
 def _split_evenly(row: dict) -> bool:
     """A gpt_oss row whose routing is learned (one process, or EP 1): the trace repeats its experts' biases by an
     even split of the tokens (step/torchtitan_moe.py local_expert_rows), the real step by its router's counts."""
     return row["model"].startswith("gpt_oss") and row.get("ep", 1) == 1
-
-
-def _error(x, truth) -> float | None:
-    return None if x is None else (x - truth) / truth
 
 
 def run() -> list[dict]:
@@ -104,14 +96,11 @@ def run() -> list[dict]:
                 est, tr = estimate(sp, s).memory.peak, traced(sp, s)
                 rows.append({"model": label, "precision": precision, "recompute": recompute, "real": real.peak,
                              "analytic": est, "error": (est - real.peak) / real.peak, "trace": tr,
-                             "trace_error": _error(tr, real.peak)})
+                             "trace_error": (tr - real.peak) / real.peak})
                 print(f"{label:38s} {precision:9s} {recompute:5s} real {real.peak:>10,d}  analytic {est:>12,.0f}  "
-                      f"{pct(rows[-1]['error'], digits=2)}  trace {_cell(rows[-1]['trace_error'])}", flush=True)
+                      f"{pct(rows[-1]['error'], digits=2)}  trace {pct(rows[-1]['trace_error'], digits=3)}", flush=True)
     return rows
 
-
-def _cell(error) -> str:
-    return "refused" if error is None else pct(error, digits=3)
 
 
 SCALE_MODELS = ("qwen3-30b-a3b", "deepseek-v2-lite", "llama-4-scout")
@@ -170,10 +159,10 @@ def run_ranks() -> list[dict]:
             est, tr = estimate(sp, s).memory.peak, traced(sp, s)
             rows.append({"model": label, "precision": s.precision, "recompute": s.recompute, "ep": s.ep,
                          "ranks": [r.peak for r in ranks], "real": real, "analytic": est,
-                         "error": (est - real) / real, "trace": tr, "trace_error": _error(tr, real)})
+                         "error": (est - real) / real, "trace": tr, "trace_error": (tr - real) / real})
             print(f"{label:12s} ep {s.ep} {s.precision:9s} {s.recompute:5s} real {[r.peak for r in ranks]} "
                   f"analytic {est:>12,.0f}  {pct(rows[-1]['error'], digits=2)}  "
-                  f"trace {_cell(rows[-1]['trace_error'])}", flush=True)
+                  f"trace {pct(rows[-1]['trace_error'], digits=3)}", flush=True)
     return rows
 
 
@@ -193,7 +182,7 @@ def main(argv=None) -> None:
              "| model | precision | recompute | real peak (B) | analytic (B) | error | trace error |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['model']} | {r['precision']} | {r['recompute']} | {r['real']:,} | {r['analytic']:,.0f} | "
-              f"{pct(r['error'], digits=2)} | {_cell(r['trace_error'])} |" for r in rows]
+              f"{pct(r['error'], digits=2)} | {pct(r['trace_error'], digits=3)} |" for r in rows]
     rank_errors = [abs(r["error"]) for r in ranked]
     rank_worst = max(ranked, key=lambda r: abs(r["error"]))["error"]
     rank_median = statistics.median(rank_errors)
@@ -202,12 +191,12 @@ def main(argv=None) -> None:
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['model']} | {r['precision']} | {r['recompute']} | {r['ep']} | "
               f"{' / '.join(f'{p:,}' for p in r['ranks'])} | {r['analytic']:,.0f} | {pct(r['error'], digits=2)} | "
-              f"{_cell(r['trace_error'])} |" for r in ranked]
+              f"{pct(r['trace_error'], digits=3)} |" for r in ranked]
     # the trace's own error where the routing is the real step's (every model but gpt_oss; gpt_oss forced at EP 2),
     # apart from gpt_oss under learned routing, whose experts' counts the trace splits evenly (its padding differs)
-    traced_rows = [r for r in rows + ranked if r["trace_error"] is not None and not _split_evenly(r)]
+    traced_rows = [r for r in rows + ranked if not _split_evenly(r)]
     trace_worst = max(traced_rows, key=lambda r: abs(r["trace_error"]))["trace_error"]
-    split_rows = [r for r in rows + ranked if r["trace_error"] is not None and _split_evenly(r)]
+    split_rows = [r for r in rows + ranked if _split_evenly(r)]
     split_worst = max(split_rows, key=lambda r: abs(r["trace_error"]))["trace_error"]
     scale_worst = max(scale, key=lambda r: abs(r["error"]))["error"]
     scale_median = statistics.median(abs(r["error"]) for r in scale)

@@ -220,10 +220,10 @@ def test_round_robin_load_is_torchtitans_forced_routing(tokens, top_k, experts, 
     """--moe-force-balance on torchtitan: the busiest EP rank's routed copies over the mean, counted from torchtitan's
     own router's forced routing (TokenChoiceTopKRouter._debug_force_load_balance_routing, which its forward takes
     under _debug_force_load_balance, moe.py:335-340) on every source rank's tokens, against
-    moe_imbalance.round_robin_load (divisible and not)."""
+    moe_imbalance.round_robin_load (divisible and not), and each expert's count against round_robin_expert_counts."""
     from torchtitan.models.moe.moe import TokenChoiceTopKRouter
 
-    from trainfit.analytic.moe_imbalance import round_robin_load
+    from trainfit.analytic.moe_imbalance import round_robin_expert_counts, round_robin_load
 
     router = TokenChoiceTopKRouter(dim=8, num_experts=experts, num_expert_groups=None, num_limited_groups=None,
                                    top_k=top_k, score_func="softmax", route_norm=False, route_scale=1.0,
@@ -232,7 +232,9 @@ def test_round_robin_load_is_torchtitans_forced_routing(tokens, top_k, experts, 
     for rank in range(ep):  # each source rank routes its own tokens
         torch.manual_seed(rank)
         chosen, _ = router._debug_force_load_balance_routing(torch.randn(tokens, experts))
-        received += torch.bincount(chosen.view(-1), minlength=experts).view(ep, -1).sum(1)
+        per_expert = torch.bincount(chosen.view(-1), minlength=experts)
+        assert per_expert.tolist() == round_robin_expert_counts(tokens * top_k, experts)
+        received += per_expert.view(ep, -1).sum(1)
     assert received.max().item() / (tokens * top_k) == pytest.approx(round_robin_load(tokens, top_k, experts, ep))
 
 

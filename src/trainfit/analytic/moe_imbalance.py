@@ -101,11 +101,17 @@ def forced_by(setup) -> str | None:
     return facts.facts.get("moe", {}).get("force_balance") if facts is not None else None
 
 
-def round_robin_counts(copies: int, experts: int, ep: int) -> list[int]:
-    """The routed copies each EP rank receives from one source rank under torchtitan's forced balance (0.2.2
+def round_robin_expert_counts(copies: int, experts: int) -> list[int]:
+    """The routed copies each expert receives from one source rank under torchtitan's forced balance (0.2.2
     models/moe/moe.py:234-249: a rank's `copies` = tokens·top_k go to experts arange(copies) % E): expert e gets
-    copies // E, one more where e < copies mod E, and rank d holds experts d·L … (d+1)·L − 1 for L = E/ep. Every
-    source rank routes alike, so rank d receives ep times its count."""
+    copies // E, one more where e < copies mod E."""
+    return [copies // experts + (e < copies % experts) for e in range(experts)]
+
+
+def round_robin_counts(copies: int, experts: int, ep: int) -> list[int]:
+    """The routed copies each EP rank receives from one source rank under torchtitan's forced balance: the sum of
+    round_robin_expert_counts over its experts, rank d holding experts d·L … (d+1)·L − 1 for L = E/ep (in closed
+    form: the planner calls it per setup). Every source rank routes alike, so rank d receives ep times its count."""
     local = experts // ep
     return [local * (copies // experts) + min(max(copies % experts - d * local, 0), local) for d in range(ep)]
 

@@ -246,18 +246,17 @@ def received_splits(spec: "ModelSpec", setup: "Setup", sent: int, ep: int, rank:
 
 def local_expert_rows(spec: "ModelSpec", setup: "Setup", sent: int, ep: int, rank: int) -> list[int]:
     """The routed copies each of EP `rank`'s local experts receives, as the routing setting gives them
-    (received_splits, per expert): under torchtitan's forced balance its round-robin routing, exact (each source
-    rank's `sent` copies go to experts arange(sent) % E: expert e gets sent // E, one more where e < sent mod E, from
-    each of the ep sources); under learned routing the rank's received copies in near-equal parts over its experts
+    (received_splits, per expert): under torchtitan's forced balance its round-robin routing, exact
+    (round_robin_expert_counts from each of the ep sources); under learned routing the rank's received copies in near-equal parts over its experts
     (NB: the setting gives the rank's load, not its experts'; an even split pads the least, by under 8 rows an expert,
     models/moe/kernels.py:183-189)."""
-    from ..analytic.moe_imbalance import forced_by
+    from ..analytic.moe_imbalance import forced_by, round_robin_expert_counts
     from ..models.hf_config import as_built
 
     experts = as_built(spec, setup).moe.num_experts
     local = experts // ep
     if setup.moe_force_balance and forced_by(setup) == "round-robin":
-        return [ep * (sent // experts + (e < sent % experts)) for e in range(rank * local, (rank + 1) * local)]
+        return [ep * n for n in round_robin_expert_counts(sent, experts)[rank * local:(rank + 1) * local]]
     received = sum(received_splits(spec, setup, sent, ep, rank))
     return [received // local + (j < received % local) for j in range(local)]
 

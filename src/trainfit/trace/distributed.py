@@ -42,6 +42,7 @@ import contextlib
 import time
 
 import torch
+from torch.distributed._functional_collectives import _is_view_op
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from ..analytic.layout import validate_layout
@@ -133,15 +134,14 @@ class ShardedRecorder(AllocationRecorder):
         fake mode for compilation), so the trace holds the input itself, keyed by the output's storage, until that
         first use: e.g. torchtitan's MoE runs its shared experts while the combine's all-to-all is in flight
         (models/moe/moe.py:525-535)."""
-        from torch.distributed._functional_collectives import _is_view_op
-
+        if func is WAIT_TENSOR:
+            return
         # (prim ops, e.g. prim::device, read metadata: no wait, and no schema _is_view_op can look up)
-        if self.in_flight and func is not WAIT_TENSOR and func.namespace != "prim" and not _is_view_op(func):
+        if self.in_flight and func.namespace != "prim" and not _is_view_op(func):
             for a in tree_leaves((args, kwargs)):
                 if isinstance(a, torch.Tensor):
                     self.in_flight.pop(id(_local(a).untyped_storage()), None)
-        if func.namespace in ("_c10d_functional", "_c10d_functional_autograd") and isinstance(out, torch.Tensor) \
-                and func is not WAIT_TENSOR:
+        if func.namespace in ("_c10d_functional", "_c10d_functional_autograd") and isinstance(out, torch.Tensor):
             self.in_flight[id(_local(out).untyped_storage())] = [_local(a) for a in args if isinstance(a, torch.Tensor)]
 
     def storage_resized(self, tensor) -> None:
