@@ -36,6 +36,9 @@ class MoESpec:
     # Llama 4's interleave (interleave_moe_layer_step, configuration_llama4.py): layer i is MoE iff
     # i % layer_step == layer_step - 1 (Maverick: 2, dense layers first); 0: where the MoE layers sit is not recorded
     layer_step: int = 0
+    # DeepSeek's first_k_dense_replace (DecoderLayer: MoE iff layer_idx >= it): the dense layers, `sparse_layers`'
+    # complement, come first; 0: where they sit is not recorded (or there are none)
+    first_dense: int = 0
     # gpt-oss (modeling_gpt_oss.py GptOssTopKRouter, GptOssExperts): the router Linear has a bias (E,) and every
     # expert a gate_up bias (2I,) and a down bias (H,)
     router_bias: bool = False

@@ -154,7 +154,8 @@ def offload_window(setup: Setup) -> int:
 
 
 def interleaved_kinds(spec: ModelSpec, setup: Setup, stage: Stage) -> Pattern | tuple:
-    """Each layer's kind, first to last, as (MoE, RoPE) where Llama 4's layers differ at recorded intervals: MoE
+    """Each layer's kind, first to last, as (MoE, RoPE) where the layers differ at recorded places: DeepSeek's dense
+    layers first (MoESpec.first_dense), Llama 4's at recorded intervals: MoE
     layers interleaved with dense ones (MoESpec.layer_step: Maverick's every other layer, dense first) and NoPE
     layers among the RoPE ones (ModelSpec.nope_every: every fourth), the RoPE layers with their chunked attention and
     q/k L2 norm. Each layer's backward high point then holds its own kind's saved set and the gradients of the layers
@@ -166,7 +167,12 @@ def interleaved_kinds(spec: ModelSpec, setup: Setup, stage: Stage) -> Pattern | 
     NB: O(period) work, which co-prime intervals of millions of layers would make large."""
     step = spec.moe.layer_step if spec.moe is not None else 0
     nope = spec.nope_every if (spec.chunked_layers or spec.qk_l2_norm_layers) else 0
-    if (step < 2 and nope < 2) or setup.pp > 1 or stage.layers != spec.layers:
+    first = spec.moe.first_dense if spec.moe is not None else 0
+    if setup.pp > 1 or stage.layers != spec.layers:
+        return ()
+    if first and step < 2 and nope < 2:  # DeepSeek: its dense layers first, then the MoE ones
+        return Pattern.of_runs(((False, True), first), ((True, True), stage.layers - first))
+    if step < 2 and nope < 2:
         return ()
     period = math.lcm(max(step, 1), max(nope, 1))
     kinds = tuple(((spec.moe is not None and (spec.moe.sparse_layers is None if step < 2 else j % step == step - 1),
@@ -296,12 +302,18 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         # NB: over-reads where the layer's high point is not inside a frozen matmul (by at most that copy)
         rs += quant.dequant_transient(spec, setup)
 
-    def kind(m: LayerMemory) -> LayerKind:
+    def kind(m: LayerMemory, gradients: float | None = None) -> LayerKind:
         # the layer's backward high point: the moment with the most temporaries and gradients made so far
         # NB (LoRA): the moments' gradients made are scaled to the adapters' share of the layer's parameters
         share = lp_trainable / lp if setup.lora_rank else 1.0
         moment = max(m.moments, key=lambda x: x.extra - x.freed + x.grads_done * share * gb_layer)
-        return LayerKind(m.saved, moment.extra + rs, moment.freed, moment.grads_done * share * gb_layer)
+        return LayerKind(m.saved, moment.extra + rs, moment.freed, moment.grads_done * share * gb_layer, gradients)
+
+    def kind_gradients(moe: bool) -> float | None:
+        # all of one layer's gradient bytes by its kind (a dense or an MoE layer; the average under LoRA)
+        if setup.lora_rank or not (pc.dense_layers and pc.moe_layers):
+            return None
+        return layer_params(spec, pc, setup, moe) * gb + (expert_sharding * spec.layers / pc.moe_layers if moe else 0)
 
     kinds = (kind(lm),) + ((kind(lm_full),) if every else ())
     # layer j is checkpointed where j + 1 is a multiple of `every`: a block of every - 1 whole layers and one
@@ -310,7 +322,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
                        (((0, stage.layers % every),), 1))) if every else ()
     layer_kinds = () if (every or setup.compile) else interleaved_kinds(spec, setup, stage)
     if layer_kinds:  # Llama 4's layers of different kinds, each with its own saved set and backward high point
-        kinds = {(moe, rope): kind(layer_memory(kind_spec(spec, rope), setup, pc, st, tokens, keys, moe_layer=moe))
+        kinds = {(moe, rope): kind(layer_memory(kind_spec(spec, rope), setup, pc, st, tokens, keys, moe_layer=moe),
+                                   kind_gradients(moe))
                  for moe, rope in sorted(layer_kinds.counts())}
         pattern = layer_kinds
     cross = None if (pattern or setup.compile) else vlm.cross_kinds(spec, setup, st, stage.layers, kinds[0])

@@ -67,6 +67,38 @@ def math_saved(spec: ModelSpec, a: int) -> tuple[float, float]:
     return FP32 * (2 * n * m.qk_head_dim + n * m.v_head_dim) + a * n * m.v_head_dim, FP32 * n
 
 
+def math_softmax_live(spec: ModelSpec, *, a: int, tokens: int, seq: int, tp: int = 1) -> float:
+    """Bytes SDPA's math path holds inside its softmax while autograd records (a checkpointed layer's re-run), one
+    TP rank: aten _scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp, torch 2.13)
+    keeps its locals until it returns — the fp32 upcasts of q, k and v (q, k and v themselves in fp32; v's upcast is
+    what probs·v saves), the scaled q, the scaled transposed k (saved by the scores' matmul), the causal mask
+    (FP32·s², once per call) — and matmul folds (b, n) of a q that is a transposed view of (b, s, n, d) into a
+    contiguous copy it saves when b > 1; then the scores and the softmax output (FP32·n·s each), and inside
+    _safe_softmax the bool -inf test of the scores and its all() over each row (one byte per score, per row).
+    Read off the trace of torchtitan's deepseek_v3 on CPU with per-op SAC (trace/kernel_scratch.py probes the
+    kernel's own tensors), exact against its real step."""
+    m, n = spec.mla, spec.heads / tp
+    qk, v = m.qk_head_dim, m.v_head_dim
+    upcast = FP32 * n * (2 * qk + v) if a != FP32 else 0
+    folded = FP32 * n * qk if tokens > seq else 0
+    per_token = upcast + 2 * FP32 * n * qk + folded + (2 * FP32 + 1) * n * seq + n
+    return per_token * tokens + FP32 * seq * seq
+
+
+def torchtitan_forward_held(spec: ModelSpec, *, a: int, stored: set[str], tp: int = 1) -> float:
+    """Per token, one TP rank: what torchtitan's MLA forward holds as locals when it calls SDPA, beyond the tensors
+    autograd saves (projections_saved, the input casts), in the projections' dtype `a` (torchtitan 0.2.2
+    models/deepseek_v3/model/model.py:271-306): wq's (or wq_b's) output (q_nope a view of it) and wkv_b's (k_nope
+    and v views of it) — where per-op SAC has not stored them (`stored`: op_sac_saved_matmuls' names) — the rotated
+    q_pe and k_pe (apply_rotary_emb returns `type_as(x)`; its fp32 complex copies are not saved: the product saves
+    only freqs_cis), and the concatenated q and k (heads·(nope+rope) each). wkv_a's output is gone: `kv` and
+    `k_pe`, its only views, are rebound."""
+    m, n = spec.mla, spec.heads / tp
+    q_out = 0 if ({"q", "q_b"} & stored) else a * n * m.qk_head_dim
+    kv_out = 0 if "kv_b" in stored else a * n * (m.qk_nope_head_dim + m.v_head_dim)
+    return q_out + kv_out + a * (n + 1) * m.qk_rope_head_dim + 2 * a * n * m.qk_head_dim
+
+
 def fused_saved(spec: ModelSpec, a: int) -> float:
     """Per token, SDPA's fused kernels on CUDA (as the trace runs them, trace/cuda_kernels.py): q and the new key
     tensor (heads·(nope+rope) each), v — a view of kv_b_proj's output, so its whole heads·(nope+v) storage — the

@@ -111,7 +111,10 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
             # FSDP1's forward runs on views, none of them leaves (parallel/fsdp1.py)
             casts = adapter_casts if setup.lora_rank else sum(w * k.weight_casts for w, k in kinds) / t
     elif setup.recompute == "op":
-        saved = op_sac_stored(spec, setup, st, tokens)
+        # each kind of layer stores its own matmuls' outputs (a dense layer's MLP in a model with MoE layers)
+        saved = (sum(w * op_sac_stored(spec, setup, st, tokens, moe=kind)
+                     for kind, w in ((True, frac_moe), (False, 1 - frac_moe)) if w) if moe
+                 else op_sac_stored(spec, setup, st, tokens))
         # the block's backward re-runs its forward first: its whole saved set is live again (the stored outputs
         # replayed into it, those no backward needs — e.g. the first projection's output — freed by then), so
         # beside the stored bytes the layer holds one_layer − stored at its high points — and the held input too
@@ -128,15 +131,12 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
             casts = sum(w * k.weight_casts for w, k in kinds) / t
     else:
         saved = one_layer
-    # NB: with some dense and some MoE layers, the backward high points are those of the layer kind the rank has
-    # most of
+    # with some dense and some MoE layers, the backward high points are those of the layer's kind (moe_layer: where
+    # memory.interleaved_kinds places the kinds), else (NB) of the kind the rank has most of
     big = la_moe if moe and frac_moe >= 0.5 else la
     div = term_divisors(big, setup)
     mlp_saved = sum(v / div[k] for k, v in big.mlp_share.items() if k in div)
-    # the moments' layer has the parameters of its kind (NB: with full recomputation DeepSeek's high point is in
-    # layer 0, dense, the MoE layers' gradients all made — taken as an MoE layer's own: an over-count, which on
-    # small-deepseek_v2 on CPU partly offsets the missing math-path attention moment: -1.9% to +2.4% against the
-    # trace, -11.2% in bf16 with SGD, tests/analytic/test_vs_trace_families.py)
+    # the moments' layer has the parameters of its kind
     moments = layer_moments(spec, ls, st, tokens, keys, moe_kind, mlp_saved, layer_params(spec, pc, setup, moe_kind),
                             recomputed)
     if setup.recompute == "op":
@@ -175,12 +175,14 @@ def rerun_layer(spec: ModelSpec, setup: Setup, one_layer: float, la_moe: LayerAc
     return layer_bytes_per_rank(la_moe, setup, tokens, keys) + extra
 
 
-def block_matmuls(spec: ModelSpec) -> list[tuple[str, int, int, bool]]:
+def block_matmuls(spec: ModelSpec, moe: bool | None = None) -> list[tuple[str, int, int, bool]]:
     """The aten.mm calls of one block's forward, in order: (name, output features, input features, column-parallel).
     nn.Linear without a bias on a 3-D input runs aten.mm (aten/src/ATen/native/Linear.cpp: matmul folds the batch
     into the rows); with a bias, addmm — not an mm (Linear.cpp's fused 3-D path). Eager attention's matmuls are bmm;
     MoE experts run grouped_mm (moe.py); the router and a shared expert are linears. Column-parallel outputs (q, k,
-    v, the MLP's first matrices) are split t ways under TP; row-parallel ones (o, down) are full partial sums."""
+    v, the MLP's first matrices) are split t ways under TP; row-parallel ones (o, down) are full partial sums.
+    `moe`: a block of that kind in a model with both (False: a dense layer's MLP; None: the model's MoE block where
+    it has one)."""
     traits = family_traits(spec)
     h, i = spec.hidden, spec.intermediate
     mms: list[tuple[str, int, int, bool]] = []
@@ -209,7 +211,7 @@ def block_matmuls(spec: ModelSpec) -> list[tuple[str, int, int, bool]]:
             linear(name, out, h, spec.qkv_bias)
     if spec.mla is None:
         linear("o", h, spec.q_dim, spec.out_bias, column=False)
-    if spec.moe is not None:
+    if spec.moe is not None and moe is not False:
         m = spec.moe
         linear("router", m.num_experts, h, False, column=False)
         if m.shared_intermediate:
@@ -231,7 +233,7 @@ def block_matmuls(spec: ModelSpec) -> list[tuple[str, int, int, bool]]:
     return mms
 
 
-def op_sac_saved_matmuls(spec: ModelSpec, setup: Setup) -> list[tuple[str, int, int, bool]]:
+def op_sac_saved_matmuls(spec: ModelSpec, setup: Setup, moe: bool | None = None) -> list[tuple[str, int, int, bool]]:
     """The matmuls whose outputs per-op SAC stores: every aten.mm of the block but each second one
     (torchtitan/distributed/activation_checkpoint.py:110-116: `mm_count % 2 == 0` -> recompute, counting from 1,
     afresh for each block's forward: the policy's `meta` is made per checkpoint call, :126-128), less those the
@@ -240,7 +242,7 @@ def op_sac_saved_matmuls(spec: ModelSpec, setup: Setup) -> list[tuple[str, int, 
     if "mm" not in stack.fact("op_sac", "save"):
         return []
     forced = stack.facts["op_sac"].get("force_recompute", ())
-    mms = [mm for mm in block_matmuls(spec) if mm[0] not in forced]
+    mms = [mm for mm in block_matmuls(spec, moe) if mm[0] not in forced]
     if not stack.fact("op_sac", "every_second_mm_recomputed"):
         return mms
     return [mm for n, mm in enumerate(mms, start=1) if n % 2 == 1]
@@ -259,7 +261,7 @@ def op_sac_stores_sdpa(spec: ModelSpec, setup: Setup) -> bool:
             and resolved_kernel(spec, setup) == "flash")
 
 
-def op_sac_stored(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> float:
+def op_sac_stored(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, moe: bool | None = None) -> float:
     """Bytes one block keeps from its forward to its backward under per-op SAC, one TP rank:
       * the block's input, which the checkpoint holds to re-run the block (torch/utils/checkpoint.py, the
         non-reentrant frame keeps its args);
@@ -273,7 +275,7 @@ def op_sac_stored(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
     t, h, a = setup.tp, spec.hidden, st.act
     sp = t if setup.sequence_parallel else 1
     stored = st.residual * h / sp + a * sac_mm_share(spec, setup) * sum(
-        out / (t if column else 1) for _, out, _, column in op_sac_saved_matmuls(spec, setup))
+        out / (t if column else 1) for _, out, _, column in op_sac_saved_matmuls(spec, setup, moe))
     if op_sac_stores_sdpa(spec, setup):
         # the attention output is heads x the value head width: q_dim, or MLA's v_head_dim per head (torchtitan
         # models/deepseek_v3/model/model.py:322)

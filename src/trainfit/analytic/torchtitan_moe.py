@@ -156,6 +156,20 @@ def pad_rows(routed: float, local: int) -> float:
     return -(-(routed + local * ALIGN) // ALIGN) * ALIGN
 
 
+def rerun_grad_cast(spec: ModelSpec, setup: Setup, st, tokens: float) -> float:
+    """The layer output's gradients made before the re-run starts, in other dtypes than x's (the nodes before the
+    combine's bmm backward need no saved tensor; the bmm's, which does, starts the re-run; autograd's engine casts
+    each gradient to its input's dtype, engine.cpp validate_outputs): the cast to the bmm's dtype (`.to(x.dtype)`
+    of moe.py:547) where the bmm runs in fp32 beside a 16-bit x (no autocast: FSDP on, torchtitan's
+    maybe_enable_amp; none where the scored block sums in x's, llama4), and the shared experts' output's (moe.py:555
+    `out + out_experts`) where it is 16-bit beside x's fp32 (autocast over fp32 weights)."""
+    a, r, h = st.act, st.residual, spec.hidden
+    w = a if autocast(setup, a) else FP32
+    bmm = w * h * tokens if w != r and not model_fact(spec, setup, "score_before_experts") else 0.0
+    shared = a * h * tokens if spec.moe.shared_intermediate and a != r else 0.0
+    return bmm + shared
+
+
 def moments(spec: ModelSpec, setup: Setup, st, tokens: float, pending: float, recomputed: float,
             mid: float) -> list:
     """The MoE block's backward high points (backward.Moment), read off the real CPU step's allocation records
@@ -167,13 +181,13 @@ def moments(spec: ModelSpec, setup: Setup, st, tokens: float, pending: float, re
         already where it is bf16, grouped_mm's `x.bfloat16()` being x), the routed input (T·k rows, MoE.forward),
         the scaled and the sorted top-k scores, and under autocast the block input (the gate saves its cast); and
         the saved set made again so far (all but the combine's bmm operands) and the gradients made before the
-        re-run: the layer output's (`pending`) and its cast to the bmm's dtype (the `.to(x.dtype)` of moe.py:474);
+        re-run: the layer output's (`pending`) and its cast to the bmm's dtype (the `.to(x.dtype)` of moe.py:547);
     (b) the combine's bmm backward: the gradients of its two operands beside the whole saved set;
-    (c) with recomputation, at the re-run's last op of MoE.forward (moe.py:482, the shared experts' output plus the
-        routed; without shared experts the cast of the weighted sum, :474): the whole saved set and the frame's
+    (c) with recomputation, at the re-run's last ops of MoE.forward (0.2.2 moe.py:547, the cast of the weighted
+        sum to x's dtype, and :555, the shared experts' output plus the routed): the whole saved set and the frame's
         locals: the routed input, the unpadded and the unsorted outputs (T·k rows each), the scores, the weighted
-        sum in x's dtype, the shared experts' output and the sum (or the bmm's output before its cast), on a CPU
-        the add's fp32 copy of a 16-bit shared output.
+        sum in x's dtype, the shared experts' output, and the larger of the bmm's output before its cast and the
+        sum (on a CPU with the add's fp32 copy of a 16-bit shared output).
     Under expert parallelism ExpertParallel's dispatch and combine (distributed/expert_parallel.py:102-181) wrap the
     experts: the rank's own T·k routed copies (`sent`) go out by all-to-all, the copies its experts receive
     (`received`, the busiest rank's load) are padded by the same _permute, and the combine's _unpermute is followed
@@ -193,8 +207,7 @@ def moments(spec: ModelSpec, setup: Setup, st, tokens: float, pending: float, re
     rows = padded_rows(spec, setup, received)
     w = a if autocast(setup, a) else FP32
     scored = model_fact(spec, setup, "score_before_experts")
-    # the layer output's gradient cast to the bmm's dtype (`.to(x.dtype)`, moe.py:474; the scored block sums in x's)
-    grad_cast = w * h * tokens if w != r and not scored else 0.0
+    grad_cast = rerun_grad_cast(spec, setup, st, tokens)
     combine = 0.0 if scored else (w * h + w) * k * tokens  # the bmm's saved operands
     out = [Moment(recomputed + pending + grad_cast + combine, 0.0)]
     if setup.recompute not in ("full", "op"):
@@ -217,14 +230,19 @@ def moments(spec: ModelSpec, setup: Setup, st, tokens: float, pending: float, re
         # output, the shared experts' output (no op saves it) and the zeros
         out.append(Moment(recomputed - combine + pending + grad_cast + mid + block_in + routed_in
                           + (received + 1 + 2 * sent) * h * r + a * h * tokens, 0.0))
-    # (the unsorted output is the bmm's saved operand itself where `.float()` is a no-op, moe.py:472)
+    # (the unsorted output is the bmm's saved operand itself where `.float()` is a no-op, moe.py:546)
     unsorted = 0 if (w == r == FP32 and not scored) else sent * h * r
     routed_out = sent if ep else received + 1  # the all-to-all's output, or the unpadded buffer
     frame = block_in + routed_in + routed_out * h * r + unsorted + r * h * tokens
-    frame += (a + r) * h * tokens if m.shared_intermediate else (w * h * tokens if w != r and not scored else 0)
-    if m.shared_intermediate and a != r and setup.device == "cpu":
-        # a CPU add of the 16-bit shared output to the fp32 sum first copies it to fp32 (TensorIterator's
-        # common-dtype cast on CPU, trace/cpu_casts.py)
-        frame += FP32 * h * tokens
+    # the bmm's output beside its cast to x's dtype (moe.py:547), where the bmm runs in another dtype than x's
+    at_cast = w * h * tokens if w != r and not scored else 0
+    if m.shared_intermediate:
+        # the shared experts' output (made before the combine, moe.py:529), then the larger of the cast's op
+        # and the sum's (moe.py:555): the sum in x's dtype; a CPU add of the 16-bit shared output to the fp32 sum
+        # first copies it to fp32 (TensorIterator's common-dtype cast on CPU, trace/cpu_casts.py)
+        at_sum = r * h * tokens + (FP32 * h * tokens if a != r and setup.device == "cpu" else 0)
+        frame += a * h * tokens + max(at_sum, at_cast)
+    else:
+        frame += at_cast
     out.append(Moment(recomputed + pending + grad_cast + mid + frame, 0.0))
     return out

@@ -486,7 +486,7 @@ def _deepseek(c: _Cfg, *, v3: bool) -> dict:
     f["moe"] = MoESpec(
         num_experts=e, top_k=k, expert_intermediate=mi,
         shared_intermediate=mi * c.int("n_shared_experts", default=1 if v3 else 2, minimum=0),
-        sparse_layers=None if n_moe == layers else n_moe,
+        sparse_layers=None if n_moe == layers else n_moe, first_dense=layers - n_moe,
         router_scoring="sigmoid" if v3 else "softmax",  # DeepseekV3TopkRouter: sigmoid; V2: softmax
         # V3: norm_topk_prob, default True (configuration_deepseek_v3.py:101); V2's router never renormalises
         # (DeepseekV2TopkRouter.forward, modeling_deepseek_v2.py:97-116: its config's norm_topk_prob is unused)

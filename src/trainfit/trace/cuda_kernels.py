@@ -56,7 +56,10 @@ def _cuda_sdpa(original, efficient: bool = True, cudnn: bool = False):
             # a stack that puts cuDNN's kernel first (torchtitan) gets it for q/k and v of different widths too (MLA's
             # 192 and 128): torch's sdp_utils.cpp check_cudnn_tensor_shapes allows head widths up to 256, multiples
             # of 8, on SM 9.0 with cuDNN >= 9.10 (and DeepSeek's 192/128 on SM 10.x from cuDNN 9.11). It saves the
-            # output and an fp32 logsumexp. NB: on Ampere (a 128 limit) that layer takes the math path: reads low.
+            # output and an fp32 logsumexp, as flex attention does, which torchtitan's DeepSeek flavors run
+            # (models/deepseek_v3/__init__.py:78-155 attn_type "flex"). NB: elsewhere (a 128 limit) torch would
+            # take SDPA's math path: priced as the fused kernels, right for the flavors' flex attention, low for an
+            # attn_type "sdpa" job on such a GPU.
             if cudnn and low and all(w <= 256 and w % 8 == 0 for w in (query.shape[-1], value.shape[-1])):
                 return torch.ops.aten._scaled_dot_product_cudnn_attention(
                     query, key, value, None, True, dropout_p, is_causal, False, scale=scale)[0]
