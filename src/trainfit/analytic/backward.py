@@ -404,7 +404,8 @@ def _mla_math_rerun_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens
     attention's argument), the latent norms' (mla.projections_saved), the forward's locals
     (mla.torchtitan_forward_held) and SDPA's own (mla.math_softmax_live), on CPU the re-run's copy of the RNG state —
     and no gradient of the layer yet. The MLP's and o_proj's saved tensors are not made yet. Read off the trace of
-    torchtitan's deepseek_v3 on CPU, exact against its real step (bench torchtitan_moe_cpu)."""
+    torchtitan's deepseek_v3 on CPU, exact against its real step (bench torchtitan_moe_cpu). NB: under tensor
+    parallelism the heads' terms are split t ways, the latent's not (wkv_a is replicated); not checked on a step."""
     from .activations import _composite_inner_norm  # noqa: PLC0415
     from .mla import input_calls, math_softmax_live, projections_saved, torchtitan_forward_held  # noqa: PLC0415
     from .recompute import CPU_RNG_STATE, op_sac_saved_matmuls  # noqa: PLC0415 (recompute imports this module)
