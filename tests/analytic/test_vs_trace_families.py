@@ -161,19 +161,6 @@ KNOWN_GAPS: dict[str, str] = {
 # (q_lora 1536, kv_lora 512 beside hidden 128) and 2 layers of which one is dense, so the q/kv down-projections and
 # the dense/MoE mix weigh far more than at real sizes.
 MLA_TOLERANCE = 0.03
-_HF_MLA_RERUN = (
-    "DeepSeek-V2 with full recompute on CPU: the high point is inside layer 0's (dense; memory.interleaved_kinds) "
-    "re-run of transformers' MLA attention on SDPA's math path, at its softmax, with the MoE layer's gradients made: "
-    "the forward's locals (q_states, compressed_kv, the rotated q and k, query_states, key_states, kv_b_proj's "
-    "output) and the math path's (fp32 upcasts of q, k, v, the scaled q and k, the causal mask, three s×s tensors) "
-    "beside the re-run's saved set. backward.py prices that moment for torchtitan's MLA forward only "
-    "(_mla_math_rerun_moment: exact against its real step); transformers' locals differ and are not priced")
-KNOWN_GAPS.update({
-    "deepseek_v2-bf16-full-sgd-cpu": _HF_MLA_RERUN + " (-17.5%)",
-    # (before layer 0 was priced as a dense layer, the MoE layer's moments stood in for it: +2.4%, errors offsetting)
-    "deepseek_v2-fp32-full-sgd-cpu": _HF_MLA_RERUN + " (-5.8%)",
-    "deepseek_v2-amp-bf16-full-adamw-cpu": _HF_MLA_RERUN + " (-5.9%)",
-})
 
 # Open, not in the default cases since nemotron moved to the end of the matrix: fp32 with full recompute on CUDA
 # semantics, where SDPA with GQA takes the math path (activations.resolved_kernel), reads -3.4 %: the re-run layer's

@@ -19,11 +19,9 @@ gradient. The high points read off traced steps:
   recompute  with full recomputation, the end of the layer's re-run forward: all its saved tensors again, plus its
              output (discarded) and the incoming gradient; on a CPU on oneDNN's 16-bit path, earlier, inside the
              re-run's down projection matmul, beside its scratch.
-  math MLA   (CPU, q/k wider than v) a re-run layer's SDPA math path at its softmax, beside the re-run's saved set
-             so far: the forward's and the math path's own locals (_mla_math_rerun_moment; torchtitan's MLA forward,
-             exact against its real CPU step).
-NB: moment not modelled, an under-count where it sets the peak (tests/analytic/test_vs_trace_families.py lists the
-cases): that re-run softmax moment under transformers' MLA forward, whose locals differ from torchtitan's.
+  math MLA   (CPU, q/k wider than v) a re-run layer's SDPA math path at its softmax or its output, beside the
+             re-run's saved set so far: the forward's and the math path's own locals (_mla_math_rerun_moment;
+             torchtitan's MLA forward exact against its real CPU step, transformers' against the trace).
 NB: moment over-counted: a recomputed layer's fork_rng copy of the CPU RNG state (torch/utils/checkpoint.py:
 1663-1665) only lives through the re-run forward — still counted at the MLP moment (5 KiB; +0.05% on small-gpt2).
 """
@@ -239,8 +237,7 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         moments.append(_q_norm_moment(spec, setup, st, tokens, keys, moe, layer_params, recomputed + incoming))
     if spec.mla is not None:
         moments.append(_kv_norm_moment(spec, setup, st, tokens, keys, moe, layer_params, recomputed + incoming))
-    if spec.mla is not None and resolved_kernel(spec, setup) == "math" and recomputed \
-            and torchtitan_moe.model_fact(spec, setup, "mla_forward"):
+    if spec.mla is not None and resolved_kernel(spec, setup) == "math" and recomputed:
         moments.append(_mla_math_rerun_moment(spec, setup, st, tokens, moe, incoming))
     if recomputed:
         # under full recomputation the freed tensors are recomputed ones, not the layer's saved (its input)
@@ -397,28 +394,38 @@ def _kv_norm_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, 
 
 def _mla_math_rerun_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, moe: bool,
                            incoming: float) -> Moment:
-    """Inside the re-run's math-path MLA attention (CPU: activations.resolved_kernel), at _safe_softmax, of a layer
-    re-run with grad (full recomputation, or per-op SAC, whose save list has no math-path op): beside the layer's
-    kept tensors and the incoming gradient, what the re-run has made so far — the attention norm's saved tensors and
-    the projections' inputs (its output, or under autocast the linears' casts with the fp32 output held as the
-    attention's argument), the latent norms' (mla.projections_saved), the forward's locals
-    (mla.torchtitan_forward_held) and SDPA's own (mla.math_softmax_live), on CPU the re-run's copy of the RNG state —
-    and no gradient of the layer yet. The MLP's and o_proj's saved tensors are not made yet. Read off the trace of
-    torchtitan's deepseek_v3 on CPU, exact against its real step (bench torchtitan_moe_cpu). NB: under tensor
-    parallelism the heads' terms are split t ways, the latent's not (wkv_a is replicated); not checked on a step."""
+    """Inside the re-run's math-path MLA attention (CPU: activations.resolved_kernel) of a layer re-run with grad
+    (full recomputation, or per-op SAC, whose save list has no math-path op), at its high point (mla.math_rerun_live:
+    the softmax or the output): beside the layer's kept tensors and the incoming gradient, what the re-run has made
+    so far — the attention norm's saved tensors and the projections' inputs (its output, or under autocast the
+    linears' casts with the fp32 output held as the attention's argument), the latent norms' (mla.projections_saved),
+    the forward's locals and SDPA's own, on CPU the re-run's copy of the RNG state — and no gradient of the layer yet.
+    The forward's locals: torchtitan's (mla.torchtitan_forward_held, its q a transposed view SDPA's matmul copies)
+    or transformers' (mla.transformers_forward_held, and the rotated k_pe, which only a KV cache would take over).
+    The MLP's and o_proj's saved tensors are not made yet. Read off the traces of torchtitan's deepseek_v3 (exact
+    against its real CPU step, bench torchtitan_moe_cpu) and transformers' DeepSeek-V2 on CPU. NB: under autocast
+    transformers' re-run also holds the weight casts it makes again for the projections before SDPA and its latent
+    norm's fp32 weight product, not priced here (DeepSeek-V2 amp-bf16 with AdamW on CPU: -2.9 % against the trace).
+    NB: under tensor parallelism the heads' terms are split t ways, the latent's not (replicated); not checked on a
+    step."""
     from .activations import _composite_inner_norm  # noqa: PLC0415
-    from .mla import input_calls, math_softmax_live, projections_saved, torchtitan_forward_held  # noqa: PLC0415
+    from .mla import input_calls, math_rerun_live, projections_saved  # noqa: PLC0415
+    from .mla import torchtitan_forward_held, transformers_forward_held  # noqa: PLC0415
     from .recompute import CPU_RNG_STATE, op_sac_saved_matmuls  # noqa: PLC0415 (recompute imports this module)
     from .params import count_params  # noqa: PLC0415
     from .parallel.fsdp2 import experts_unsharded_late  # noqa: PLC0415
 
     t, a, r, h = setup.tp, st.act, st.residual, spec.hidden
     sp = t if setup.sequence_parallel else 1
-    stored = {mm[0] for mm in op_sac_saved_matmuls(spec, setup)} if setup.recompute == "op" else set()
+    torchtitan = torchtitan_moe.model_fact(spec, setup, "mla_forward")
+    if torchtitan:
+        stored = {mm[0] for mm in op_sac_saved_matmuls(spec, setup)} if setup.recompute == "op" else set()
+        held = torchtitan_forward_held(spec, a=a, stored=stored, tp=t)
+    else:
+        held = transformers_forward_held(spec, a=a, r=r, tp=t) + a * spec.mla.qk_rope_head_dim
     inputs = (input_calls(spec) * a + r) * h if st.autocast else a * h
     per_token = ((_norm_saved(spec, r, norm_kernel(setup), setup.device) + inputs) / sp
-                 + projections_saved(spec, a, _composite_inner_norm(setup, st.autocast, a))
-                 + torchtitan_forward_held(spec, a=a, stored=stored, tp=t))
+                 + projections_saved(spec, a, _composite_inner_norm(setup, st.autocast, a)) + held)
     rng = CPU_RNG_STATE if setup.device == "cpu" else 0
     cast = late = 0.0
     if moe and torchtitan_moe.block_on(setup):
@@ -426,8 +433,8 @@ def _mla_math_rerun_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens
         # unsharded copy, where FSDP2 makes it at their own pre-forward, is not made yet
         cast = torchtitan_moe.rerun_grad_cast(spec, setup, st, tokens / t)
         late = experts_unsharded_late(spec, count_params(spec), setup) * (st.param or st.weight)
-    return Moment(incoming + cast - late + per_token * tokens
-                  + math_softmax_live(spec, a=a, tokens=tokens, seq=setup.seq, tp=t) + rng, 0.0)
+    live = math_rerun_live(spec, a=a, tokens=tokens, seq=setup.seq, tp=t, q_folded=torchtitan)
+    return Moment(incoming + cast - late + per_token * tokens + live + rng, 0.0)
 
 
 def _mla_sdpa_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, mlp_saved: float,

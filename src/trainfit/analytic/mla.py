@@ -67,22 +67,29 @@ def math_saved(spec: ModelSpec, a: int) -> tuple[float, float]:
     return FP32 * (2 * n * m.qk_head_dim + n * m.v_head_dim) + a * n * m.v_head_dim, FP32 * n
 
 
-def math_softmax_live(spec: ModelSpec, *, a: int, tokens: int, seq: int, tp: int = 1) -> float:
-    """Bytes SDPA's math path holds inside its softmax while autograd records (a checkpointed layer's re-run), one
+def math_rerun_live(spec: ModelSpec, *, a: int, tokens: int, seq: int, tp: int = 1, q_folded: bool) -> float:
+    """Bytes SDPA's math path holds at its high point while autograd records (a checkpointed layer's re-run), one
     TP rank: aten _scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp, torch 2.13)
-    keeps its locals until it returns — the fp32 upcasts of q, k and v (q, k and v themselves in fp32; v's upcast is
-    what probs·v saves), the scaled q, the scaled transposed k (saved by the scores' matmul), the causal mask
-    (FP32·s², once per call) — and matmul folds (b, n) of a q that is a transposed view of (b, s, n, d) into a
-    contiguous copy it saves when b > 1; then the scores and the softmax output (FP32·n·s each), and inside
-    _safe_softmax the bool -inf test of the scores and its all() over each row (one byte per score, per row).
-    Read off the trace of torchtitan's deepseek_v3 on CPU with per-op SAC (trace/kernel_scratch.py probes the
-    kernel's own tensors), exact against its real step."""
+    keeps its locals until it returns — the fp32 upcasts of q, k and v (q, k and v themselves in fp32), the scaled
+    q, the scaled transposed k (saved by the scores' matmul), the causal mask (FP32·s², once per call) — and matmul
+    folds (b, n) of a q that is a transposed view of (b, s, n, d) into a contiguous copy it saves when b > 1
+    (`q_folded`: torchtitan's q; transformers' query_states is a contiguous cat). Then the larger of:
+      softmax  the scores and the softmax output (FP32·n·s each), and inside _safe_softmax the bool -inf test of the
+               scores and its all() over each row (one byte per score, per row);
+      output   `make_tuple(matmul(attn, value).to(origin), attn.to(origin))`: the softmax output, its cast (the
+               arguments evaluated right to left), matmul's contiguous copy of v (a transposed view) when b > 1, the
+               output in fp32 and its cast (the casts only where the inputs are not fp32).
+    Read off the traces of torchtitan's deepseek_v3 (softmax) and transformers' DeepSeek-V2 (output) on CPU, the
+    first exact against its real step (trace/kernel_scratch.py probes the kernel's own tensors)."""
     m, n = spec.mla, spec.heads / tp
     qk, v = m.qk_head_dim, m.v_head_dim
-    upcast = FP32 * n * (2 * qk + v) if a != FP32 else 0
-    folded = FP32 * n * qk if tokens > seq else 0
-    per_token = upcast + 2 * FP32 * n * qk + folded + (2 * FP32 + 1) * n * seq + n
-    return per_token * tokens + FP32 * seq * seq
+    low = a if a != FP32 else 0
+    batched = tokens > seq
+    upcast = FP32 * n * (2 * qk + v) if low else 0
+    held = upcast + FP32 * n * qk * (2 + (q_folded and batched))
+    softmax = (2 * FP32 + 1) * n * seq + n
+    output = (FP32 + low) * n * seq + FP32 * n * v * (1 + batched) + low * n * v
+    return (held + max(softmax, output)) * tokens + FP32 * seq * seq
 
 
 def torchtitan_forward_held(spec: ModelSpec, *, a: int, stored: set[str], tp: int = 1) -> float:
@@ -119,6 +126,18 @@ def complex_rope(spec: ModelSpec) -> bool:
     return spec.family == "deepseek_v2"
 
 
+def transformers_forward_held(spec: ModelSpec, *, a: int, r: int, tp: int = 1) -> float:
+    """Per token, one TP rank: what transformers' MLA forward holds when it calls SDPA (prefill_attention's list:
+    q_states, compressed_kv, the rotated q_rot in its promoted dtype, query_states, kv_b_proj's output, the new
+    key_states). `r`: the hidden states' (cos/sin's) dtype."""
+    m, n = spec.mla, spec.heads / tp
+    qk, rope = m.qk_head_dim, m.qk_rope_head_dim
+    rot = a if complex_rope(spec) else max(a, r)
+    query = max(a, rot)
+    return (a * n * qk + a * (m.kv_lora_rank + rope) + rot * n * rope + query * n * qk
+            + a * n * (m.qk_nope_head_dim + m.v_head_dim) + a * n * qk)
+
+
 def prefill_attention(spec: ModelSpec, *, a: int, r: int, kernel: str, seq: int, tokens: int, tp: int,
                       autocast: bool, o_cast: float) -> float:
     """Bytes live inside one MLA attention at its prefill high point (no grad), beside the layer's input and the
@@ -148,11 +167,10 @@ def prefill_attention(spec: ModelSpec, *, a: int, r: int, kernel: str, seq: int,
     Under autocast SDPA casts a query that rotary promoted to fp32 back to a (a·n·qk)."""
     m = spec.mla
     n = spec.heads / tp
-    qk, v, rope = m.qk_head_dim, m.v_head_dim, m.qk_rope_head_dim
+    qk, v = m.qk_head_dim, m.v_head_dim
     rot = a if complex_rope(spec) else max(a, r)
     query = max(a, rot)
-    held = (a * n * qk + a * (m.kv_lora_rank + rope) + rot * n * rope + query * n * qk
-            + a * n * (m.qk_nope_head_dim + v) + a * n * qk) * tokens
+    held = transformers_forward_held(spec, a=a, r=r, tp=tp) * tokens
     # SDPA's autocast copy of a query rotary promoted to fp32, freed when SDPA returns
     q_copy = a * n * qk * tokens if autocast and query != a else 0
     sdpa_in = a if autocast else query
