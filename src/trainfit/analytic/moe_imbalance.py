@@ -101,11 +101,16 @@ def forced_by(setup) -> str | None:
     return facts.facts.get("moe", {}).get("force_balance") if facts is not None else None
 
 
+def near_equal_parts(total: int, parts: int) -> list[int]:
+    """`total` in `parts` near-equal whole parts, the first total mod parts of them one larger."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
 def round_robin_expert_counts(copies: int, experts: int) -> list[int]:
     """The routed copies each expert receives from one source rank under torchtitan's forced balance (0.2.2
     models/moe/moe.py:234-249: a rank's `copies` = tokens·top_k go to experts arange(copies) % E): expert e gets
     copies // E, one more where e < copies mod E."""
-    return [copies // experts + (e < copies % experts) for e in range(experts)]
+    return near_equal_parts(copies, experts)
 
 
 def round_robin_counts(copies: int, experts: int, ep: int) -> list[int]:

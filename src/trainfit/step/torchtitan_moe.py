@@ -234,31 +234,29 @@ def received_splits(spec: "ModelSpec", setup: "Setup", sent: int, ep: int, rank:
         the dropless DROPLESS) times the balanced `sent`, in equal parts from each source rank (NB: equal parts: the
         all-to-all's buffers are sized by the sum, which is the setting's). What a rank sends sizes nothing new (its
         routed rows exist before the dispatch): round-robin counts, balanced."""
-    from ..analytic.moe_imbalance import busiest_rank_load, forced_by, round_robin_counts
+    from ..analytic.moe_imbalance import busiest_rank_load, forced_by, near_equal_parts, round_robin_counts
     from ..models.hf_config import as_built
 
     spec = as_built(spec, setup)  # (torchtitan's llama4 routes its tokens: [spec_as_built.llama4])
     if setup.moe_force_balance and forced_by(setup) == "round-robin":
         return [round_robin_counts(sent, spec.moe.num_experts, ep)[rank]] * ep
-    received = round(sent * busiest_rank_load(spec, setup, sent / spec.moe.top_k))
-    return [received // ep + (i < received % ep) for i in range(ep)]
+    return near_equal_parts(round(sent * busiest_rank_load(spec, setup, sent / spec.moe.top_k)), ep)
 
 
 def local_expert_rows(spec: "ModelSpec", setup: "Setup", sent: int, ep: int, rank: int) -> list[int]:
     """The routed copies each of EP `rank`'s local experts receives, as the routing setting gives them
     (received_splits, per expert): under torchtitan's forced balance its round-robin routing, exact
-    (round_robin_expert_counts from each of the ep sources); under learned routing the rank's received copies in near-equal parts over its experts
-    (NB: the setting gives the rank's load, not its experts'; an even split pads the least, by under 8 rows an expert,
-    models/moe/kernels.py:183-189)."""
-    from ..analytic.moe_imbalance import forced_by, round_robin_expert_counts
+    (round_robin_expert_counts from each of the ep sources); under learned routing the rank's received copies in
+    near-equal parts over its experts (NB: the setting gives the rank's load, not its experts'; an even split pads
+    the least, by under 8 rows an expert, models/moe/kernels.py:183-189)."""
+    from ..analytic.moe_imbalance import forced_by, near_equal_parts, round_robin_expert_counts
     from ..models.hf_config import as_built
 
     experts = as_built(spec, setup).moe.num_experts
     local = experts // ep
     if setup.moe_force_balance and forced_by(setup) == "round-robin":
         return [ep * n for n in round_robin_expert_counts(sent, experts)[rank * local:(rank + 1) * local]]
-    received = sum(received_splits(spec, setup, sent, ep, rank))
-    return [received // local + (j < received % local) for j in range(local)]
+    return near_equal_parts(sum(received_splits(spec, setup, sent, ep, rank)), local)
 
 
 class _KnownRows(TorchDispatchMode):
