@@ -3,8 +3,10 @@ engine's versions and the start-up facts that differ between them, with their so
 the engine's `default`, its current release). The one parser of the setting's value; no torch."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import resources
 
 from .data import load_toml
 from .errors import SetupError
@@ -78,6 +80,31 @@ def check(value: str) -> None:
 
 def of(setup) -> Version:
     return parse(setup.server)
+
+
+@lru_cache(maxsize=None)
+def _option_strings(engine: str, version: str) -> frozenset[str]:
+    return frozenset(json.loads(resources.files("trainfit.data").joinpath("serve_flags.json").read_text())[engine][
+        version])
+
+
+def parser_takes(release: Version, flag: str) -> tuple[str, ...]:
+    """The option strings `release`'s own serve parser reads `flag` (written without "=value": --name, -x, -xVALUE)
+    as (data/serve_flags.json, dumped from the release's parser by bench/tools/serve_parsers.py): the flag itself;
+    else a two-letter option with its value attached (-O3); else for a --flag each option it begins (argparse's
+    allow_abbrev, which neither engine's parser turns off: one is read as it, several refuse it as ambiguous);
+    () where the parser stops at it ("unrecognized arguments")."""
+    options = _option_strings(release.engine, release.version)
+    if flag in options:
+        return (flag,)
+    if not flag.startswith("--"):
+        return (flag[:2],) if flag[:2] in options else ()
+    return tuple(sorted(o for o in options if o.startswith(flag)))
+
+
+def releases_taking(engine: str, flag: str) -> tuple[str, ...]:
+    """The listed releases of `engine` whose parser has `flag` (not as a prefix), oldest first."""
+    return tuple(v for v in reversed(versions(engine)) if flag in _option_strings(engine, v))
 
 
 def vllm_shared(key: str):

@@ -11,6 +11,7 @@ FlexibleArgumentParser (vllm/utils/argparse_utils.py:156); SGLang's is srt/serve
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -22,12 +23,13 @@ from trainfit.readers import vllm as vllm_reader
 MODEL = "llama-3.1-8b"
 
 
-def _read(tmp_path, line: str, yaml: str | None = None):
+def _read(tmp_path, line: str, yaml: str | None = None, release: str | None = None):
+    """The Reading of a command `line` (with `serve.yaml` beside it), for `release` (ENGINE==VERSION) if given."""
     if yaml is not None:
         (tmp_path / "serve.yaml").write_text(yaml)
     path = tmp_path / "serve.sh"
     path.write_text(line + "\n")
-    return read(path)
+    return read(path, release=serving_versions.parse(release) if release else None)
 
 
 def _said(r, flag: str) -> list[str]:
@@ -173,8 +175,8 @@ def test_a_vllm_flag_written_as_its_prefix_is_named_with_its_whole_flag(tmp_path
 
 
 # `trainfit check --server ENGINE==VERSION`: the file is for that release. The flags 0.33.0's parser stops at are
-# read as the older release takes them (its lines, above), each with its effect there; a release that does not take
-# one (newer than the last that does, or older than the release that added it) still stops at it.
+# read as the older release takes them (its lines, above), each with its effect there; a release whose own parser does
+# not have one (newer than the last that does, or older than the release that added it) stops at it.
 @pytest.mark.parametrize("flags, flag, takes, refuses", [
     ("--swap-space 4", "--swap-space", ("0.14.1", "0.8.5"), ("0.19.0",)),
     ("--max-seq-len-to-capture 8192", "--max-seq-len-to-capture", ("0.10.1", "0.8.5"), ("0.11.0", "0.14.1")),
@@ -185,29 +187,99 @@ def test_a_vllm_flag_written_as_its_prefix_is_named_with_its_whole_flag(tmp_path
 def test_a_flag_of_the_release_the_file_is_for_is_read_as_that_release_takes_it(tmp_path, flags, flag, takes,
                                                                                  refuses):
     for version in takes + refuses:
-        r = _read(tmp_path, f"vllm serve m -tp 2 {flags}")
-        r.settle_release(serving_versions.parse(f"vllm=={version}"))
+        r = _read(tmp_path, f"vllm serve m -tp 2 {flags}", release=f"vllm=={version}")
         (line,) = _said(r, flag)
+        assert f"vLLM {version} serve flags" in r.source
         if version in takes:
             assert line in r.not_modelled + r.no_effect and not r.warned, (version, line)
-            assert r.source.endswith(f"; for vLLM {version})")
         else:
-            assert line in r.warned and line.startswith(f"{flag}: vLLM 0.33.0 has no such flag"), (version, line)
-    r = _read(tmp_path, f"vllm serve m {flags}")
-    r.settle_release(serving_versions.parse("sglang==0.4.4"))  # another engine's release: nothing of vLLM's taken
-    assert [x for x in r.warned if x.startswith(flag)]
+            assert line in r.warned and line.startswith(f"{flag}: vLLM {version} has no such flag: its parser stops "
+                                                        "at it (unrecognized arguments)"), (version, line)
+        assert r.values["tp"] == 2
+    r = _read(tmp_path, f"vllm serve m {flags}", release="sglang==0.4.4")  # another engine's release: vLLM's own
+    assert [x for x in r.warned if x.startswith(f"{flag}: vLLM 0.33.0 has no such flag")]
+
+
+# flags vLLM added after an older listed release: that release's `vllm serve` stops at them (unrecognized arguments),
+# so for it nothing they say is read. --kv-cache-memory-bytes: EngineArgs.kv_cache_memory_bytes from 0.11.0
+# (engine/arg_utils.py:358), none in 0.10.1's; --optimization-level and --max-cudagraph-capture-size from 0.14.1
+# (:578, :381), none in 0.11.0's; -sc (--speculative-config's short alias) from 0.19.0 (:1304). Before, any release read
+# them.
+@pytest.mark.parametrize("flags, setting, refuses, takes", [
+    ("--kv-cache-memory-bytes 8G", "kv_cache_memory", "0.10.1", "0.11.0"),
+    ("--max-cudagraph-capture-size 64", None, "0.11.0", "0.14.1"),
+    ("-sc '{\"model\": \"llama-3.2-1b\"}'", "draft_model", "0.14.1", "0.19.0"),
+])
+def test_a_flag_added_since_the_release_the_file_is_for_is_said_and_not_read(tmp_path, flags, setting, refuses,
+                                                                             takes):
+    line = f"vllm serve {MODEL} {flags}"
+    flag = flags.split()[0]
+    r = _read(tmp_path, line, release=f"vllm=={refuses}")
+    (said,) = [x for x in r.warned if x.startswith(f"{flag}: vLLM {refuses} has no such flag")]
+    assert f"{takes}, " in said and said.endswith("take it")  # (the listed releases whose parser has it)
+    assert setting not in r.values and not _said(r, flag)[1:]
+    r = _read(tmp_path, line, release=f"vllm=={takes}")
+    assert not r.warned and (setting in r.values or _said(r, flag))
+
+
+def test_an_older_release_reads_its_flags_and_abbreviations_as_its_parser_does(tmp_path):
+    """SGLang 0.4.4 (its ServerArgs parser, allow_abbrev on: srt/server_args.py:1069): --model is the one option it
+    begins, --model-path (:307), --tp is --tp-size (:522); it has no --pp-size (no pipeline parallelism), no --config
+    and no `sglang serve` (its wheel declares no console script). vLLM 0.10.1 takes -O3 as -O with its value (its
+    --compilation-config short option, engine/arg_utils.py; vllm/utils/__init__.py:1805)."""
+    r = _read(tmp_path, f"python -m sglang.launch_server --model {MODEL} --tp 2 --pp-size 2 --cuda-graph-bs 1 2 4",
+              release="sglang==0.4.4")
+    assert r.model == MODEL and r.values["tp"] == 2 and "pp" not in r.values
+    assert [x.split(":")[0] for x in r.warned] == ["--pp-size"] and "0.5.23 takes it" in r.warned[0]
+    assert [x for x in r.not_modelled if x.startswith("--cuda-graph-bs")]  # (0.4.4's decode graph sizes: GONE)
+    r = _read(tmp_path, f"python -m sglang.launch_server --model-path {MODEL} --cuda-graph-bs 1 2",
+              release="sglang==0.4.1")  # (0.4.1 has no --cuda-graph-bs: 0.4.3.post4 added it)
+    assert [x.split(":")[0] for x in r.warned] == ["--cuda-graph-bs"]
+    r = _read(tmp_path, "python -m sglang.launch_server --config serve.yaml", yaml=f"model-path: {MODEL}\ntp-size: 2\n",
+              release="sglang==0.4.4")
+    assert [x.split(":")[0] for x in r.warned] == ["--config"] and "tp" not in r.values
+    r = _read(tmp_path, f"sglang serve {MODEL} --tp-size 2", release="sglang==0.4.4")
+    assert r.warned[0].startswith("sglang serve: SGLang 0.4.4 has no such command") and r.values["tp"] == 2
+    r = _read(tmp_path, f"vllm serve {MODEL} -O3", release="vllm==0.10.1")
+    assert not r.warned and [x for x in r.not_modelled if x.startswith("--optimization-level")]
 
 
 def test_sglang_flags_of_its_older_releases_are_read_for_them(tmp_path):
     """SGLang 0.4.4 takes --cuda-graph-max-bs for the decode graphs (srt/server_args.py:907-912), which 0.5.23's parser
     stops at (an ambiguous prefix): for 0.4.4 it is the decode graphs' largest batch, the knob the estimate sizes as
     SGLang does (as 0.5.23's --cuda-graph-max-bs-decode); --pp is no listed release's flag."""
-    r = _read(tmp_path, f"python -m sglang.launch_server --model-path {MODEL} --cuda-graph-max-bs 64 --pp 2")
-    r.settle_release(serving_versions.parse("sglang==0.4.4"))
-    assert [x.split(":")[0] for x in r.warned] == ["--pp"]
+    r = _read(tmp_path, f"python -m sglang.launch_server --model-path {MODEL} --cuda-graph-max-bs 64 --pp 2",
+              release="sglang==0.4.4")
+    assert [x.split(":")[0] for x in r.warned] == ["--pp"] and r.warned[0].endswith("no listed release takes it")
     assert [(knob, key, v) for knob, key, v, _ in r.sized] == [("cuda_graph_max_bs", "--cuda-graph-max-bs", 64)]
     r.against({"cuda_graph_max_bs": 64})
     assert r.as_modelled == ["--cuda-graph-max-bs 64"] and not r.not_modelled
+
+
+def test_the_readers_flags_are_their_releases_own():
+    """Every flag the readers name for the release they follow is an option of that release's own parser
+    (data/serve_flags.json, dumped from it: bench/tools/serve_parsers.py), save the spellings its parser takes
+    otherwise: vLLM's --no-enable-prefix-caching (EnableDisableAction takes --no-X without listing it,
+    vllm/utils/argparse_utils.py:120-145) and SGLang's --tp, --dp (prefixes of --tp-size, --dp-size); and no flag the
+    readers say their release stops at (GONE) is one of its options, while a listed release takes each but --pp."""
+    for reader, extra in ((vllm_reader, {*vllm_reader.SHORT, *(f"--{k}" for k in (*vllm_reader.STORE_TRUE,
+                                                                                   *vllm_reader.INVERSE))}),
+                          (sglang_reader, {f"--{k}" for k in (*sglang_reader.ALIASES, *sglang_reader.SIZED)})):
+        release = serving_versions.parse(reader.ENGINE)
+        names = {o for a in reader.parser()._actions for o in a.option_strings} | extra | {
+            f"--{k}" for k in (*reader.NO_EFFECT, *reader.EFFECT)}
+        assert {n for n in names if serving_versions.parser_takes(release, n) != (n,)} == (
+            {"--no-enable-prefix-caching"} if reader is vllm_reader else {"--tp", "--dp"})
+        assert not [k for k in reader.GONE if serving_versions.parser_takes(release, f"--{k}") == (f"--{k}",)]
+        assert [k for k in reader.GONE if not serving_versions.releases_taking(reader.ENGINE, f"--{k}")] == (
+            [] if reader is vllm_reader else ["pp"])
+
+
+def test_every_listed_release_has_its_parsers_flags():
+    """data/serve_flags.json holds each release data/servers.toml lists, and no other."""
+    table = json.loads((Path(serving_versions.__file__).parent / "data" / "serve_flags.json").read_text())
+    for engine in serving_versions.ENGINES:
+        assert set(table[engine]) == set(serving_versions.versions(engine))
 
 
 def test_check_server_models_the_release_the_command_is_for(tmp_path, capsys):
@@ -236,3 +308,24 @@ def test_check_server_models_the_release_the_command_is_for(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["check", str(job), "--server", "vllm"])
     assert e.value.code == 2 and "hold no serving command" in capsys.readouterr().err
+
+
+def test_check_for_an_older_release_says_the_flag_it_stops_at_and_estimates_without_it(tmp_path, capsys):
+    """`trainfit check serve.sh --server vllm==0.10.1` on a command with --kv-cache-memory-bytes (from 0.11.0,
+    EngineArgs engine/arg_utils.py:358; none in 0.10.1's): the flag is one warned line and the estimate's KV pool is
+    0.10.1's own sizing, that of the same command without the flag; for 0.11.0 the pool is the flag's 8 GiB."""
+    from trainfit.cli.app import main
+
+    def pool(line: str, server: str) -> tuple[float, list]:
+        path = tmp_path / "serve.sh"
+        path.write_text(line + "\n")
+        main(["check", str(path), "--gpu", "H100-80GB", "--server", server, "--json"])
+        out = json.loads(capsys.readouterr().out)
+        return out["detail"]["serving"]["available_kv"], out["check"]["warned"]
+
+    flagged, bare = f"vllm serve {MODEL} --kv-cache-memory-bytes 8G", f"vllm serve {MODEL}"
+    kv, warned = pool(flagged, "vllm==0.10.1")
+    assert [w for w in warned if w.startswith("--kv-cache-memory-bytes: vLLM 0.10.1 has no such flag")]
+    assert kv == pool(bare, "vllm==0.10.1")[0]
+    kv, warned = pool(flagged, "vllm==0.11.0")
+    assert not warned and kv == 8 * 2**30

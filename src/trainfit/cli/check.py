@@ -24,9 +24,9 @@ DpOpt = typer.Option(None, "--dp", help="Data-parallel ranks, when the files do 
 SeqOpt = typer.Option(None, "--seq", help="Sequence length, when the files do not say (TrainingArguments, accelerate "
                       "and DeepSpeed configs hold none: the training script's or dataset's).")
 ServerOpt = typer.Option(None, "--server", help="The engine release a serving command is for, when not the current "
-                         "one (e.g. vllm==0.10.1): its start-up modelled, and the flags the current release's parser "
-                         "refuses read as that release takes them (NB: the parser is the current release's: a flag "
-                         "added since is read too). " + BY_NAME["server"].meta.help)
+                         "one (e.g. vllm==0.10.1): its start-up modelled, and the command's flags read as that "
+                         "release's own parser takes them (one it stops at is said and left out). "
+                         + BY_NAME["server"].meta.help)
 PromptLenOpt = typer.Option(None, "--prompt-len", help="Prompt tokens per sequence, which no file holds (a TRL "
                            "GRPOConfig's dataset, a serving command's requests): "
                            + BY_NAME["prompt_len"].meta.help)
@@ -45,7 +45,7 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
       trainfit check serve.sh --server vllm==0.10.1 --gpu H100-80GB   # for an older vLLM\n
       trainfit check grpo.yaml --model qwen2.5-1.5b --dp 8 --gpu H100-80GB   # a TRL GRPOConfig
     """
-    from .. import api
+    from .. import api, serving_versions
     from ..errors import SetupError
     from ..readers import read
     from .app import show_estimates
@@ -53,7 +53,8 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
 
     # (a stack's own parser imports the stack: seconds for torchtitan's or Megatron's)
     with spinner(f"reading {', '.join(files)} with the stacks' own parsers", quiet=json):
-        readings = [read(f, dp) for f in files]
+        release = serving_versions.parse(server) if server is not None else None
+        readings = [read(f, dp, release) for f in files]
         req, notes = request_of(readings, model, gpu, dp, prompt_len, seq, server)
         spec = api.load_spec(req.model)
         if req.mode == "serve":  # (the engine refuses to start: as --emit refuses to write it)
@@ -154,7 +155,7 @@ def request_of(readings, model: str | None, gpu: str | None, dp: int | None, pro
 
     model, values = combine(readings, model)
     notes = []
-    if server is not None:  # the release the serving command is for: its flags, then its start-up
+    if server is not None:  # the release the serving command is for (its flags read by its reader), its start-up
         release = serving_versions.parse(server)
         if values.get("server") is None:
             raise SetupError(f"--server {server}: the files hold no serving command (--server names the release a "
@@ -163,8 +164,6 @@ def request_of(readings, model: str | None, gpu: str | None, dp: int | None, pro
             raise SetupError(f"--server {server}: the files are a {values['server']} command; drop --server or give "
                              f"a {values['server']} release")
         values["server"] = f"{release.engine}=={release.version}"  # (as resolved: vllm==0.10 is 0.10.1)
-        for r in readings:
-            r.settle_release(release)
     if dp is not None:
         if values.get("dp", dp) != dp:
             raise SetupError(f"--dp {dp}: the files say {values['dp']} data-parallel ranks: drop --dp or fix them")

@@ -26,9 +26,8 @@ class Reading:
     unknown: list[str] = field(default_factory=list)  # keys neither mapped nor known to trainfit
     no_effect: list[str] = field(default_factory=list)  # keys with no effect on a step's memory or time
     warned: list[str] = field(default_factory=list)  # what the tool's own parser says about the file: its warnings
-    # (deprecations), and a flag it stops at (a serving engine's flag of another release: readers.vllm.account's gone)
-    gone: list = field(default_factory=list)  # (flag, value, Gone, its warned line): the flags of `gone`, which an
-    # older release of the engine takes (settle_release, once --server names the release the file is for)
+    # (deprecations), and a flag it stops at (a serving engine's flag of another release: readers.vllm.account's gone,
+    # cmdline.release_flags)
     of_model: list[str] = field(default_factory=list)  # keys of the model's own architecture, taken from --model
     sized: list = field(default_factory=list)  # (knob, key, value, effect): a serving engine's flag that trainfit
     # sizes as the engine does (Estimate.detail.serving.knobs[knob]), settled by `against` once the estimate is made
@@ -68,24 +67,6 @@ class Reading:
             what = key if value == "…" else f"{key} = {value!r}"
             self.not_modelled.append(f"{what}: not modelled ({effect})")
 
-    def settle_release(self, release) -> None:
-        """The file is for `release` (serving_versions.Version: check's --server ENGINE==VERSION): the flags its
-        parser takes that the reader's release stops at (`gone`) are that release's, read with their effect there.
-        NB: the reader's parser is the current release's, so a flag added since `release` is read as well, where
-        that release would stop at it."""
-        from ..serving_versions import engine_of
-
-        if engine_of(str(self.values.get("server", ""))) == release.engine:
-            self.source = self.source.rstrip(")") + f"; for {release.label})"
-        for flag, value, g, line in self.gone:
-            if g.taken_by(release):
-                self.warned.remove(line)
-                if g.sized:  # (a knob is a count; the leftover flag's value is its text)
-                    self.sizes(g.sized, flag, int(value) if str(value).isdigit() else value, g.then)
-                else:
-                    self.skip(flag, value, g.then or "no effect on memory or time")
-        self.gone = []
-
     def sizes(self, knob: str, key: str, value, effect: str) -> None:
         """Key `key` = `value` sets what the estimate sizes itself as the engine does (the serving knob `knob`): as
         modelled where the estimate's knob is that value, else not modelled with `effect` (`against`)."""
@@ -103,27 +84,14 @@ class Reading:
 
 @dataclass(frozen=True)
 class Gone:
-    """A serving engine's flag its current parser stops at (unrecognized, or an ambiguous prefix) that an older
-    release took: `last` the newest listed release of `engine` that takes it (None: none does), `first` the release
-    that added it where a listed one predates it (None: every listed release up to `last` takes it), `then` its
-    effect there as a key not modelled ("": none), `why` what the current parser does and what replaced it; `sized`:
-    the serving knob it sets there, which the estimate sizes as the engine does (Reading.sizes), where it has one."""
+    """A serving engine's flag the reader's release stops at (unrecognized, or an ambiguous prefix) that another listed
+    release takes (serving_versions.parser_takes says which): `then` its effect there as a key not modelled ("":
+    none), `why` what the reader's release does and what replaced it; `sized`: the serving knob it sets there, which
+    the estimate sizes as the engine does (Reading.sizes), where it has one."""
 
-    engine: str
-    last: str | None
     then: str
     why: str
-    first: str | None = None
     sized: str | None = None
-
-    def taken_by(self, release) -> bool:
-        """Whether `release` (serving_versions.Version) takes the flag."""
-        from ..serving_versions import release_key
-
-        if self.last is None or release.engine != self.engine:
-            return False
-        key = release_key(release.version)
-        return key <= release_key(self.last) and (self.first is None or key >= release_key(self.first))
 
 
 def kind_of(path: Path, text: str) -> str:
@@ -222,16 +190,20 @@ def _serving(data: dict, path: Path) -> str | None:
     return None
 
 
-def read(path: str | Path, dp: int | None = None) -> Reading:
+def read(path: str | Path, dp: int | None = None, release=None) -> Reading:
     """The Reading of one file, by the reader of its stack; `dp` (--dp): the data-parallel ranks when the file
-    leaves them to the launch (torchtitan's data_parallel_shard_degree -1)."""
+    leaves them to the launch (torchtitan's data_parallel_shard_degree -1); `release` (serving_versions.Version,
+    check's --server): the serving engine release a command is for, given to that engine's reader (its ENGINE)."""
     why = not_a_file(path)
     if why:
         raise SetupError(f"{why}: give the path of your config or launch script")
     p = Path(path)
     text = p.read_text(encoding="utf-8", errors="replace")
     kind = kind_of(p, text)
-    return import_module(f"{__package__}.{kind}").read(p, text, dp)
+    reader = import_module(f"{__package__}.{kind}")
+    if release is not None and getattr(reader, "ENGINE", None) == release.engine:
+        return reader.read(p, text, dp, release)
+    return reader.read(p, text, dp)
 
 
 def names_deepspeed(r: Reading, ds) -> None:

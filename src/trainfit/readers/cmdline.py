@@ -103,12 +103,47 @@ def launcher_world(before: list[str]) -> int | None:
     return None if nproc is None else nproc * nodes
 
 
+def is_flag(word: str) -> bool:
+    """Whether argparse reads `word` as an option rather than a value (a negative number is a value: neither engine's
+    parser has an option that looks like one, argparse's _negative_number_matcher)."""
+    return word.startswith("-") and len(word) > 1 and not word[1:2].isdigit()
+
+
+def release_flags(argv: list[str], release, name_of=lambda head: head) -> tuple[list[str], list[str]]:
+    """(`argv` as the serve parser of `release` (serving_versions.Version) takes its flags, a line for each flag it
+    stops at): a flag that parser has is kept, one it reads as the option it begins (allow_abbrev) is written as that
+    option, and one it stops at (unrecognized, or ambiguous) is dropped with the values after it, said in one line
+    with the listed releases that take it. `name_of(head)`: the option a flag's head (the word up to its first "="
+    or ".") is written as, by the engine's own spelling rules (vLLM reads underscores as dashes)."""
+    from ..serving_versions import parser_takes, releases_taking
+
+    out, said, dropping = [], [], False
+    for w in argv:
+        if not is_flag(w):
+            if not dropping:
+                out.append(w)
+            continue
+        head = w.split("=", 1)[0].split(".", 1)[0] if w.startswith("--") else w.split("=", 1)[0]
+        name = name_of(head)
+        options = parser_takes(release, name)
+        dropping = len(options) != 1
+        if not dropping:  # (a short flag as written: -O3 is -O with its value)
+            out.append(options[0] + w[len(head):] if w.startswith("--") else w)
+            continue
+        why = f"an ambiguous prefix of {', '.join(options)}" if options else "unrecognized arguments"
+        takers = releases_taking(release.engine, name)
+        said.append(f"{name}: {release.label} has no such flag: its parser stops at it ({why}); "
+                    + (f"{', '.join(takers)} take{'s' if len(takers) == 1 else ''} it" if takers else
+                       "no listed release takes it"))
+    return out, said
+
+
 def leftover_flags(rest: list[str]) -> list[tuple[str, object]]:
     """The (name, value) of each flag argparse left over (`--k=v`, `--k v`, a short `-k v`, or a bare switch: True),
     for the reader to map, list as not modelled, or name as unknown (a short flag keeps its one dash: `-x`)."""
     out: list = []
     for i, a in enumerate(rest):
-        if a.startswith("-") and len(a) > 1 and not a[1:2].isdigit():
+        if is_flag(a):
             k, eq, v = (a[2:] if a.startswith("--") else a).partition("=")
             out.append((k, v if eq else (rest[i + 1] if i + 1 < len(rest) and not rest[i + 1].startswith("-")
                                          else True)))

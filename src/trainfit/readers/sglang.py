@@ -1,7 +1,8 @@
 """A `python -m sglang.launch_server --model-path M --flag value ...` or `sglang serve M --flag value ...` command
 line (both parsed by prepare_server_args, SGLang 0.5.23 srt/server_args.py:668-696). SGLang cannot be installed here, so
 its flags are parsed with an argparse parser built from SGLang 0.5.23's ServerArgs fields (the lines cited in
-plan/emit_sglang.py: fields/model.py, parallel.py, schedule.py, exec_.py, spec.py)."""
+plan/emit_sglang.py: fields/model.py, parallel.py, schedule.py, exec_.py, spec.py); a command for an older listed
+release keeps only the flags that release's own parser takes (read's `release`)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,8 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Gone, Reading
-from .cmdline import config_file, config_flags, parse_flags, split, yaml_config
+from ..serving_versions import parser_takes
+from .cmdline import config_file, config_flags, parse_flags, release_flags, split, yaml_config
 from .vllm import DTYPES, account, whole_flags
 
 KV = {"fp8_e4m3": "fp8", "fp8": "fp8", "bfloat16": "bf16", "bf16": "bf16"}
@@ -38,19 +40,20 @@ EFFECT = {"max-running-requests": "time: the batch is capped", "max-total-tokens
 # flags SGLang 0.5.23's parser stops at (argparse: "ambiguous option", exit 2): each is a prefix of two or more of its
 # flags, which allow_abbrev cannot choose between. What replaced each, and the listed release that took it where one
 # did
-GONE = {"cuda-graph-max-bs": Gone("sglang", "0.4.4", "memory: CUDA graphs captured up to this batch",
+GONE = {"cuda-graph-max-bs": Gone("memory: CUDA graphs captured up to this batch",
                                   "its parser stops at it as a prefix of both --cuda-graph-max-bs-decode and "
                                   "--cuda-graph-max-bs-prefill (arg_groups/fields/exec_.py:629-634; ambiguous "
                                   "option); 0.4.4 takes it for the decode graphs (srt/server_args.py:907-912): write "
                                   "--cuda-graph-max-bs-decode", sized="cuda_graph_max_bs"),
-        "cuda-graph-bs": Gone("sglang", "0.4.4", "CUDA-graph memory and time: the decode graphs' batch sizes",
+        "cuda-graph-bs": Gone("CUDA-graph memory and time: the decode graphs' batch sizes",
                               "its parser stops at it as a prefix of both --cuda-graph-bs-decode and "
                               "--cuda-graph-bs-prefill (arg_groups/fields/exec_.py:640-647; ambiguous option); 0.4.4 "
                               "takes it for the decode graphs (srt/server_args.py:913-918): write "
                               "--cuda-graph-bs-decode"),
-        "pp": Gone("sglang", None, "", "its parser stops at it as a prefix of --pp-size, --pp-max-micro-batch-size and "
+        "pp": Gone("", "its parser stops at it as a prefix of --pp-size, --pp-max-micro-batch-size and "
                    "--pp-async-batch-depth (arg_groups/fields/parallel.py:59-72; ambiguous option): write --pp-size")}
 FLAGS_OF = "0.5.23"  # the SGLang release whose ServerArgs parser this reader follows (data/servers.toml's default)
+ENGINE = "sglang"  # the engine whose releases check's --server gives this reader (readers.read)
 
 
 # ServerArgs' other spellings of the flags EFFECT lists (--data-parallel-size / --dp-size, --expert-parallel-size /
@@ -145,15 +148,28 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def read(path: Path, text: str, dp: int | None = None) -> Reading:
+def read(path: Path, text: str, dp: int | None = None, release=None) -> Reading:
+    """`release` (serving_versions.Version): the SGLang release the command is for, when not FLAGS_OF: its parser's
+    flags taken (cmdline.release_flags; --config only where it has one), each read as this reader reads it (NB: a
+    flag both take is read as FLAGS_OF reads it)."""
+    release = release if release is not None and release.version != FLAGS_OF else None
     # (the --config YAML by itself: as `python -m sglang.launch_server --config FILE` reads it)
     before, argv = ([], ["--config", str(path)]) if config_file(path) else \
         split(text, str(path), lambda w: w in LAUNCHERS)
     launcher = "sglang serve" if before and before[-1].endswith("sglang") else LAUNCHERS[0]
     if launcher == "sglang serve":
         argv = serve_argv(argv, path)
-    argv, config = with_config(argv, path)
-    r = Reading(f"{path} (SGLang {FLAGS_OF} ServerArgs flags, argparse{f'; --config {config}' if config else ''})")
+    config, stopped = None, []
+    if release is None or parser_takes(release, "--config") == ("--config",):
+        argv, config = with_config(argv, path)
+    if release is not None:
+        argv, stopped = release_flags(argv, release)
+        if launcher == "sglang serve" and not release["sglang_serve"]:
+            stopped.insert(0, f"sglang serve: {release.label} has no such command (its package installs no "
+                              "`sglang` program): run it as python -m sglang.launch_server")
+    flags = f"SGLang {release.version if release else FLAGS_OF}"
+    r = Reading(f"{path} ({flags} ServerArgs flags, argparse{f'; --config {config}' if config else ''})")
+    r.warned += stopped
     p = parser()
     a, rest = parse_flags(p, argv, path)
     r.model = a.model_path
@@ -173,8 +189,9 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         if a.kv_cache_dtype not in KV:
             raise SetupError(f"--kv-cache-dtype {a.kv_cache_dtype}: trainfit models auto, {', '.join(KV)}")
         r.set("kv_dtype", KV[a.kv_cache_dtype], "--kv-cache-dtype")
-    if a.disable_cuda_graph:  # (a DeprecatedStoreTrueAction: arg_groups/argparse_actions.py:95-100, its new_flag
-        # server_args.py:410-415; still both graphs off, arg_groups/cuda_graph_hook.py:55-57)
+    if a.disable_cuda_graph and release is None:  # (0.5.23's warning: a DeprecatedStoreTrueAction, arg_groups/
+        # argparse_actions.py:95-100, its new_flag server_args.py:410-415; still both graphs off, arg_groups/
+        # cuda_graph_hook.py:55-57)
         r.warned.append(f"SGLang {FLAGS_OF} warns: '--disable-cuda-graph' is deprecated and will be removed in a "
                         "future release. Use '--cuda-graph-backend-{decode,prefill}=disabled' instead.")
     if a.disable_cuda_graph or (a.disable_decode_cuda_graph and a.disable_prefill_cuda_graph):
@@ -205,6 +222,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
                 r.skip(f"--{flag}", v, "no effect without --speculative-algorithm (SGLang runs no draft)")
     # launch_server's parser takes any unambiguous prefix (argparse.ArgumentParser(prog="sglang serve"), allow_abbrev
     # left at its default: srt/server_args.py:679, prepare_server_args)
-    account(r, rest, NO_EFFECT, EFFECT, ALIASES, abbreviated=whole_flags(p), gone=GONE, engine=f"SGLang {FLAGS_OF}")
+    account(r, rest, NO_EFFECT, EFFECT, ALIASES, abbreviated=whole_flags(p), gone=GONE, engine=f"SGLang {FLAGS_OF}",
+            release=release)
     return r
 

@@ -1,6 +1,7 @@
 """A `vllm serve MODEL --flag value ...` command line. vLLM cannot be installed here, so its flags are parsed with an
 argparse parser built from vLLM 0.33's EngineArgs fields (engine/arg_utils.py: each field is its flag with dashes;
-the ones plan/emit_vllm.py writes and the ones below), as `vllm serve` takes them: the model positional or --model."""
+the ones plan/emit_vllm.py writes and the ones below), as `vllm serve` takes them: the model positional or --model;
+a command for an older listed release keeps only the flags that release's own parser takes (read's `release`)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,8 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Gone, Reading
-from .cmdline import config_file, config_flags, human_readable_int, leftover_flags, parse_flags, split, yaml_config
+from .cmdline import (config_file, config_flags, human_readable_int, leftover_flags, parse_flags, release_flags, split,
+                      yaml_config)
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 # --kv-cache-dtype: the CacheDType values (config/cache.py, "auto" apart) trainfit models; vLLM has no float32 KV
@@ -43,25 +45,25 @@ EFFECT = {"enable-prefix-caching": "time: cached prefixes skip prefill; no effec
 
 # flags of the older releases trainfit models (data/servers.toml) that vLLM 0.33.0's serve parser does not have: it
 # stops at them ("unrecognized arguments", exit 2; none is the prefix of a 0.33.0 flag, which argparse's allow_abbrev
-# would take). Each: the last listed release that takes it (that release's lines), its effect there, and what, if
-# anything, replaced it. `trainfit check --server vllm==VERSION` reads a file for that release: its flags then.
+# would take). Each: its effect in the releases that take it (serving_versions.parser_takes), the last listed one's
+# lines, and what, if anything, replaced it. `trainfit check --server vllm==VERSION` reads a file for that release.
 _STOPS = "`vllm serve` stops at it (unrecognized arguments); "
 GONE = {
-    "swap-space": Gone("vllm", "0.14.1", "host memory under the V0 engine only: CPU swap space for preempted "
+    "swap-space": Gone("host memory under the V0 engine only: CPU swap space for preempted "
                        "sequences; the V1 engine allocates none (v1/engine/core.py:267 num_cpu_blocks = 0)",
                        _STOPS + "0.14.1 takes it (engine/arg_utils.py:914; config/cache.py:58), and its V1 engine "
                        "allocates no swap (v1/engine/core.py:267 num_cpu_blocks = 0); nothing replaced it"),
-    "max-seq-len-to-capture": Gone("vllm", "0.10.1", "CUDA-graph memory and time: the V0 engine's graphs up to this "
+    "max-seq-len-to-capture": Gone("CUDA-graph memory and time: the V0 engine's graphs up to this "
                                    "length", _STOPS + "0.10.1 takes it (engine/arg_utils.py:503-504), read only by "
                                    "the V0 engine's CUDA graphs; nothing replaced it: 0.33.0's graphs are sized in "
                                    "tokens per step, --max-cudagraph-capture-size (engine/arg_utils.py:1827)"),
-    "max-num-partial-prefills": Gone("vllm", "0.19.0", "", _STOPS + "0.19.0 takes it (engine/arg_utils.py:1221-1222), "
+    "max-num-partial-prefills": Gone("", _STOPS + "0.19.0 takes it (engine/arg_utils.py:1221-1222), "
                                      "which its V1 scheduler does not read (only the ROCm AITER attention backend, "
                                      "v1/attention/backends/rocm_aiter_fa.py:476); nothing replaced it"),
-    "cuda-graph-sizes": Gone("vllm", "0.11.0", "CUDA-graph memory and time: the batch sizes captured",
+    "cuda-graph-sizes": Gone("CUDA-graph memory and time: the batch sizes captured",
                              _STOPS + "0.11.0 takes it (engine/arg_utils.py:893-894); 0.33.0's are "
                              "--cudagraph-capture-sizes and --max-cudagraph-capture-size (engine/arg_utils.py:"
-                             "1824-1828)", first="0.9.0")}  # (added with SchedulerConfig.cuda_graph_sizes in 0.9.0)
+                             "1824-1828)")}
 
 
 # keys that tell a bare `vllm serve --config` YAML from SGLang's (readers.kind_of): serve flags of vLLM 0.33's parser
@@ -87,6 +89,7 @@ STORE_TRUE = ("data-parallel-multi-port-external-lb", "disable-log-stats", "aggr
 # --no- form (only the field's own flag gets one: argparse_utils.py:129-142)
 INVERSE = ("disable-prefix-caching", "disable-chunked-prefill")
 FLAGS_OF = "0.33.0"  # the vLLM release whose serve parser this reader follows (data/servers.toml's default)
+ENGINE = "vllm"  # the engine whose releases check's --server gives this reader (readers.read)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -116,22 +119,26 @@ def parser() -> argparse.ArgumentParser:
 
 
 def account(r: Reading, rest: list[str], no_effect, effect, aliases: dict | None = None,
-            abbreviated=None, gone: dict | None = None, engine: str = "") -> None:
+            abbreviated=None, gone: dict | None = None, engine: str = "", release=None) -> None:
     """Each flag left over listed as without effect, as not modelled (what it changes), as one the engine's parser
     refuses, or as unknown; `aliases`: other spellings of those flags. `gone`: flags the parser of `engine` (its name
     and release, "vLLM 0.33.0") refuses that another release took (readers.Gone): one line each among what the
-    engine's own parser says (Reading.warned), kept in Reading.gone for a file of that release (settle_release).
-    `abbreviated`:
+    engine's own parser says (Reading.warned), or, in a file for `release` (another release, whose parser took the
+    flag: cmdline.release_flags kept only those), read with their effect there. `abbreviated`:
     where the engine's argparse takes a flag's unique prefix for the flag (allow_abbrev), the whole flags trainfit
     knows: an unknown one that begins exactly one of them is named with it (trainfit reads whole names only: the
     engine's other flags, which it does not list, decide the prefix)."""
     known = sorted({*abbreviated, *no_effect, *effect, *(aliases or {})}) if abbreviated is not None else ()
     for k, v in leftover_flags(rest):
         k = (aliases or {}).get(k, k)
-        if k in (gone or {}):
-            line = f"--{k}: {engine} has no such flag: {gone[k].why}"
-            r.warned.append(line)
-            r.gone.append((f"--{k}", v, gone[k], line))
+        if k in (gone or {}) and release is not None:
+            g = gone[k]
+            if g.sized:  # (a knob is a count; the leftover flag's value is its text)
+                r.sizes(g.sized, f"--{k}", int(v) if str(v).isdigit() else v, g.then)
+            else:
+                r.skip(f"--{k}", v, g.then or "no effect on memory or time")
+        elif k in (gone or {}):
+            r.warned.append(f"--{k}: {engine} has no such flag: {gone[k].why}")
         elif k in no_effect:
             r.skip(f"--{k}", v, "no effect on memory or time")
         elif k in effect:
@@ -235,11 +242,21 @@ def with_config(argv: list[str], path: Path, needs_model: bool = True) -> tuple[
     return [keys[j + 1], *keys[:j], *keys[j + 2:], *rest], found
 
 
-def read(path: Path, text: str, dp: int | None = None) -> Reading:
+def read(path: Path, text: str, dp: int | None = None, release=None) -> Reading:
+    """`release` (serving_versions.Version): the vLLM release the command is for, when not FLAGS_OF: its parser's
+    flags taken (cmdline.release_flags), each read as this reader reads it. NB: a flag both take is read as FLAGS_OF
+    reads it (-O N before 0.14 was --compilation-config's level, not --optimization-level: both CUDA graphs and
+    time), and before 0.10 a dotted --x.y is unrecognized (0.8.5 vllm/utils.py:1340-1375), which is not checked."""
+    release = release if release is not None and release.version != FLAGS_OF else None
     bare = config_file(path)  # the --config YAML by itself: as `vllm serve --config FILE` reads it
     argv = ["--config", str(path)] if bare else split(text, str(path), lambda w: w == "serve")[1]
     argv, config = with_config(model_first(argv), path, needs_model=not bare)
-    r = Reading(f"{path} (vLLM {FLAGS_OF} serve flags, argparse{f'; --config {config}' if config else ''})")
+    stopped: list[str] = []
+    if release is not None:
+        argv, stopped = release_flags(argv, release, lambda head: head.replace("_", "-") if head[:2] == "--" else head)
+    flags = f"vLLM {release.version if release else FLAGS_OF}"
+    r = Reading(f"{path} ({flags} serve flags, argparse{f'; --config {config}' if config else ''})")
+    r.warned += stopped
     p = parser()
     a, rest = parse_flags(p, flexible(argv, str(path)), path)
     r.model = a.model_tag or a.model  # (the positional first: vllm/entrypoints/cli/serve.py:55-57)
@@ -282,7 +299,8 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
                 r.skip(f"--speculative-config {k}", v, "time only (the draft's memory is modelled)")
     # `vllm serve`'s parser takes any unambiguous prefix: FlexibleArgumentParser leaves allow_abbrev at argparse's
     # default (vLLM 0.33.0 vllm/utils/argparse_utils.py:170-181; the serve subparser, entrypoints/cli/serve.py:164-170)
-    account(r, rest, NO_EFFECT, EFFECT, SHORT, abbreviated=whole_flags(p), gone=GONE, engine=f"vLLM {FLAGS_OF}")
+    account(r, rest, NO_EFFECT, EFFECT, SHORT, abbreviated=whole_flags(p), gone=GONE, engine=f"vLLM {FLAGS_OF}",
+            release=release)
     return r
 
 
