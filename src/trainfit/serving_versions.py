@@ -94,16 +94,21 @@ def parser_takes(release: Version, flag: str) -> tuple[str, ...]:
     else a two-letter option with its value attached (-O3); else for a --flag each option it begins (argparse's
     allow_abbrev, which neither engine's parser turns off: one is read as it, several refuse it as ambiguous);
     () where the parser stops at it ("unrecognized arguments")."""
-    options = _option_strings(release.engine, release.version)
-    if flag in options:
+    if has_flag(release, flag):
         return (flag,)
+    options = _option_strings(release.engine, release.version)
     if not flag.startswith("--"):
         return (flag[:2],) if flag[:2] in options else ()
     return tuple(sorted(o for o in options if o.startswith(flag)))
 
 
+def has_flag(release: Version, flag: str) -> bool:
+    """Whether `release`'s own serve parser has the option `flag` itself (not as a prefix of another)."""
+    return flag in _option_strings(release.engine, release.version)
+
+
 def releases_taking(engine: str, flag: str) -> tuple[str, ...]:
-    """The listed releases of `engine` whose parser has `flag` (not as a prefix), oldest first."""
+    """The listed releases of `engine` whose parser has `flag` (has_flag), oldest first."""
     return tuple(v for v in reversed(versions(engine)) if flag in _option_strings(engine, v))
 
 

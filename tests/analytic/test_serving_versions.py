@@ -210,7 +210,8 @@ def test_max_num_batched_tokens_below_max_num_seqs_is_refused_or_caps_the_defaul
 @pytest.mark.parametrize("version", ["0.10.1", "0.8.5"])
 def test_kv_cache_memory_is_refused_by_a_release_without_the_flag(version, capsys):
     """--kv-cache-memory-bytes came in 0.11.0 (engine/arg_utils.py:358, :766); 0.10.1's and 0.8.5's wheels have no
-    kv_cache_memory_bytes (servers.toml). Before: the KV cache was taken as given, and --emit vllm wrote the flag."""
+    kv_cache_memory_bytes (their serve parsers' options: data/serve_flags.json). Before: the KV cache was taken as given,
+    and --emit vllm wrote the flag."""
     from trainfit.cli import main
 
     with pytest.raises(SystemExit) as e:
@@ -218,7 +219,8 @@ def test_kv_cache_memory_is_refused_by_a_release_without_the_flag(version, capsy
               "--kv-cache-memory", "20G", "--emit", "vllm"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1, err
-    assert f"vLLM {version} has no --kv-cache-memory-bytes" in err and "0.11.0 have it" in err, err
+    assert f"vLLM {version}'s `vllm serve` has no --kv-cache-memory-bytes" in err, err
+    assert "vLLM 0.11.0, 0.14.1, 0.19.0, 0.33.0 have it" in err, err
 
 
 @pytest.mark.parametrize("version,batched", [("0.33.0", 5120), ("0.19.0", 5120), ("0.14.1", 5120),

@@ -196,11 +196,10 @@ def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
                          f"({spec.max_positions}); vLLM refuses it without VLLM_ALLOW_LONG_MAX_MODEL_LEN")
     batched = setup.max_num_batched_tokens or tokens
     facts = serving_versions.of(setup).facts
-    if setup.kv_cache_memory and not facts.get("kv_cache_memory_bytes", True):  # (servers.toml: the releases without)
-        having = [v for v in serving_versions.versions("vllm")
-                  if serving_versions.parse(f"vllm=={v}").facts.get("kv_cache_memory_bytes", True)]
-        raise SetupError(f"--kv-cache-memory: vLLM {version} has no --kv-cache-memory-bytes (its EngineArgs has no "
-                         f"kv_cache_memory_bytes; vLLM {', '.join(having)} have it): drop it, its "
+    flag = "--kv-cache-memory-bytes"  # (EngineArgs.kv_cache_memory_bytes from 0.11.0, engine/arg_utils.py:358)
+    if setup.kv_cache_memory and not serving_versions.has_flag(serving_versions.of(setup), flag):
+        raise SetupError(f"--kv-cache-memory: vLLM {version}'s `vllm serve` has no {flag} (data/serve_flags.json; "
+                         f"vLLM {', '.join(serving_versions.releases_taking('vllm', flag))} have it): drop it, its "
                          "--gpu-memory-utilization sizes the KV cache")
     # a default max_num_batched_tokens is capped at max_num_seqs (given or the tier's) × max_model_len (0.33.0
     # engine/arg_utils.py:3218-3224, 0.14.1 :2010-2016); servers.toml batched_capped = false where it is not
