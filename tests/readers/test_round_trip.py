@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from trainfit import serving_versions
 from trainfit.api import load_spec, run_engines
 from trainfit.cli.app import main
 from trainfit.cli.check import request_of
@@ -555,3 +556,21 @@ def test_the_as_trainfit_line_is_a_command_estimate_runs(tmp_path, cli, name, te
     assert code == 0, err
     code, out, _ = cli("check", str(path), *extra, "--gpu", "H100-80GB", "--json")
     assert json.loads(out)["memory"] == json.loads(est)["memory"]
+
+
+@pytest.mark.parametrize("version", serving_versions.versions("vllm"))
+def test_the_vllm_command_written_for_a_release_has_only_that_releases_flags(version):
+    """--emit vllm for each listed release writes only options of that release's own serve parser (its option
+    strings, dumped from it: data/serve_flags.json), here with every optional flag the writer has: a KV dtype, the
+    quantisation, eager mode and a draft model (0.8.5 has --speculative-config too: its engine/arg_utils.py)."""
+    import shlex
+
+    from trainfit.plan.emit_vllm import vllm_command
+
+    release = serving_versions.parse(f"vllm=={version}")
+    req = Request(model=MODEL, mode="serve", server=f"vllm=={version}", gpu="H100-80GB", tp=2, kv_dtype="fp8",
+                  enforce_eager=True, quant="fp8", draft_model="llama-3.2-1b")
+    first = run_engines(req, "analytic")[0]
+    argv = shlex.split(vllm_command(MODEL, first.setup, first.detail.serving))
+    flags = [a for a in argv if a.startswith("--")]
+    assert len(flags) >= 12 and all(serving_versions.has_flag(release, f) for f in flags), flags

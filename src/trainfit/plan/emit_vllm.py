@@ -1,6 +1,7 @@
 """`--emit vllm` (with --mode serve): the `vllm serve` command line that runs the setup trainfit sized.
 
-Every flag is vLLM 0.33's own (engine/arg_utils.py EngineArgs: each field is the flag with dashes), so the engine
+Every flag is vLLM 0.33's own (engine/arg_utils.py EngineArgs: each field is the flag with dashes) and is checked
+against the --server release's own parser (data/serve_flags.json), so the engine
 starts with the settings the estimate assumed: the model's dtype, TP/PP, the memory fraction, the lengths and
 batch limits the profile run and the CUDA graphs are sized from, the block size, the KV dtype and quantisation.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from .. import serving_versions
 from ..errors import SetupError
 from ..estimate import Serving
 from ..models.hf_config import quant_method
@@ -83,4 +85,9 @@ def vllm_command(model: str, setup: Setup, serving: Serving) -> str:
     if setup.draft_model:  # NB: the number of speculative tokens is a throughput choice, not a memory one
         draft = serving_ref(setup.draft_model, field="draft_model")
         args += ["--speculative-config", json.dumps({"model": draft, "num_speculative_tokens": 4})]
+    release = serving_versions.of(setup)  # (every flag above is 0.33's; an older release's parser may lack one)
+    lacks = [a for a in args if a.startswith("--") and not serving_versions.has_flag(release, a)]
+    if lacks:
+        raise SetupError(f"--emit vllm: {release.label}'s `vllm serve` has no {', '.join(lacks)} "
+                         "(data/serve_flags.json): give a release that has them with --server, or drop --emit")
     return shlex.join(args)
