@@ -396,36 +396,52 @@ def _mla_math_rerun_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens
                            incoming: float) -> Moment:
     """Inside the re-run's math-path MLA attention (CPU: activations.resolved_kernel) of a layer re-run with grad
     (full recomputation, or per-op SAC, whose save list has no math-path op), at its high point (mla.math_rerun_live:
-    the softmax or the output): beside the layer's kept tensors and the incoming gradient, what the re-run has made
-    so far — the attention norm's saved tensors and the projections' inputs (its output, or under autocast the
-    linears' casts with the fp32 output held as the attention's argument), the latent norms' (mla.projections_saved),
-    the forward's locals and SDPA's own, on CPU the re-run's copy of the RNG state — and no gradient of the layer yet.
-    The forward's locals: torchtitan's (mla.torchtitan_forward_held, its q a transposed view SDPA's matmul copies)
-    or transformers' (mla.transformers_forward_held, and the rotated k_pe, which only a KV cache would take over).
-    The MLP's and o_proj's saved tensors are not made yet. Read off the traces of torchtitan's deepseek_v3 (exact
-    against its real CPU step, bench torchtitan_moe_cpu) and transformers' DeepSeek-V2 on CPU. NB: under autocast
-    transformers' re-run also holds the weight casts it makes again for the projections before SDPA and its latent
-    norm's fp32 weight product, not priced here (DeepSeek-V2 amp-bf16 with AdamW on CPU: -2.9 % against the trace).
+    the softmax, the output, or the output's copy once SDPA returns): beside the layer's kept tensors and the
+    incoming gradient, what the re-run has made so far — the attention norm's saved tensors and the projections'
+    inputs (its output, or under autocast the linears' casts with the fp32 output held as the attention's argument),
+    the latent norms' (mla.projections_saved), the forward's locals and SDPA's own, on CPU the re-run's copy of the RNG
+    state — and no gradient of the layer yet. The forward's locals: torchtitan's (mla.torchtitan_forward_held, its q
+    a transposed view SDPA's matmul copies) or transformers' (mla.transformers_forward_held, and the rotated k_pe,
+    which only a KV cache would take over). The MLP's and o_proj's saved tensors are not made yet.
+    transformers' re-run (DeepseekV2Attention.forward, modeling_deepseek_v2.py; its RMSNorm computes in fp32):
+      - the attention norm's fp32 copy of an fp32 input is the input itself, which the checkpoint keeps (counted with
+        the layer's kept tensors, not again here);
+      - in fp32 the latent norm's input is a view of compressed_kv (projections_saved's whole (kv_lora + rope)
+        storage), which the forward's locals also list: counted once;
+      - under autocast: the weight casts of the projections before SDPA (mla.projection_params, each saved by its
+        matmul), the latent norm's output k_nope in fp32 (the fp32 weight times its 16-bit input, a forward local
+        beside kv_b_proj's saved cast), and the gradient of the layer's MLP output cast to its 16-bit dtype (the
+        residual add's backward runs before the MLP's, which starts the re-run: autograd casts each gradient to its
+        input's dtype, engine.cpp validate_outputs).
+    Read off the traces of torchtitan's deepseek_v3 (exact against its real CPU step, bench torchtitan_moe_cpu) and
+    transformers' DeepSeek-V2 on CPU (fp32, bf16, amp-bf16: the trace's allocations tagged with their aten ops).
     NB: under tensor parallelism the heads' terms are split t ways, the latent's not (replicated); not checked on a
     step."""
     from .activations import _composite_inner_norm  # noqa: PLC0415
-    from .mla import input_calls, math_rerun_live, projections_saved  # noqa: PLC0415
+    from .mla import input_calls, math_rerun_live, projection_params, projections_saved  # noqa: PLC0415
     from .mla import torchtitan_forward_held, transformers_forward_held  # noqa: PLC0415
     from .recompute import CPU_RNG_STATE, op_sac_saved_matmuls  # noqa: PLC0415 (recompute imports this module)
     from .params import count_params  # noqa: PLC0415
     from .parallel.fsdp2 import experts_unsharded_late  # noqa: PLC0415
 
-    t, a, r, h = setup.tp, st.act, st.residual, spec.hidden
+    t, a, r, h, m = setup.tp, st.act, st.residual, spec.hidden, spec.mla
     sp = t if setup.sequence_parallel else 1
     torchtitan = torchtitan_moe.model_fact(spec, setup, "mla_forward")
+    norm = _norm_saved(spec, r, norm_kernel(setup), setup.device)
+    fixed = 0.0  # (bytes beside the per-token ones: weight casts, gradients)
     if torchtitan:
         stored = {mm[0] for mm in op_sac_saved_matmuls(spec, setup)} if setup.recompute == "op" else set()
         held = torchtitan_forward_held(spec, a=a, stored=stored, tp=t)
     else:
-        held = transformers_forward_held(spec, a=a, r=r, tp=t) + a * spec.mla.qk_rope_head_dim
+        held = transformers_forward_held(spec, a=a, r=r, tp=t) + a * m.qk_rope_head_dim
+        norm -= FP32 * h if r == FP32 else 0  # (the input itself: the checkpoint's)
+        held -= a * (m.kv_lora_rank + m.qk_rope_head_dim) if a == FP32 else 0  # (compressed_kv: projections_saved's)
+        if st.autocast:
+            held += FP32 * m.kv_lora_rank  # k_nope, the latent norm's fp32 output
+            fixed += a * projection_params(spec) / t + a * h * tokens / sp  # the casts, the MLP output's gradient
     inputs = (input_calls(spec) * a + r) * h if st.autocast else a * h
-    per_token = ((_norm_saved(spec, r, norm_kernel(setup), setup.device) + inputs) / sp
-                 + projections_saved(spec, a, _composite_inner_norm(setup, st.autocast, a)) + held)
+    per_token = ((norm + inputs) / sp + projections_saved(spec, a, _composite_inner_norm(setup, st.autocast, a))
+                 + held)
     rng = CPU_RNG_STATE if setup.device == "cpu" else 0
     cast = late = 0.0
     if moe and torchtitan_moe.block_on(setup):
@@ -434,7 +450,7 @@ def _mla_math_rerun_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens
         cast = torchtitan_moe.rerun_grad_cast(spec, setup, st, tokens / t)
         late = experts_unsharded_late(spec, count_params(spec), setup) * (st.param or st.weight)
     live = math_rerun_live(spec, a=a, tokens=tokens, seq=setup.seq, tp=t, q_folded=torchtitan)
-    return Moment(incoming + cast - late + per_token * tokens + live + rng, 0.0)
+    return Moment(incoming + cast - late + fixed + per_token * tokens + live + rng, 0.0)
 
 
 def _mla_sdpa_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, mlp_saved: float,
@@ -444,8 +460,8 @@ def _mla_sdpa_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int,
     while all of the attention's saved tensors are still live; the MLP's saved tensors are freed by then and every
     gradient exists but the q/kv projections'. With MLA's widths (v_head_dim 128, qk 192 beside hidden 2048 in
     DeepSeek-V2-Lite) this moment can top the MLP's (read off the trace of small-deepseek_v2 on CUDA)."""
-    from .mla import linear_params  # noqa: PLC0415
+    from .mla import projection_params  # noqa: PLC0415
     m, t, n = spec.mla, setup.tp, spec.heads
     grads = st.act * (2 * n * m.qk_head_dim + n * m.v_head_dim) * tokens / t
-    proj = (linear_params(spec) - n * m.v_head_dim * spec.hidden) / t  # all but o_proj
+    proj = projection_params(spec) / t  # all but o_proj
     return Moment(base + grads, layer_params - proj, mlp_saved * tokens)

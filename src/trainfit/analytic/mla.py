@@ -28,6 +28,12 @@ def linear_params(spec: ModelSpec) -> int:
     return q + kv + n * m.v_head_dim * h
 
 
+def projection_params(spec: ModelSpec) -> int:
+    """Weights of the matmuls before SDPA (linear_params but o_proj's): those whose autocast casts a re-run holds at
+    its attention, and whose gradients the attention's backward makes last."""
+    return linear_params(spec) - spec.heads * spec.mla.v_head_dim * spec.hidden
+
+
 def input_calls(spec: ModelSpec) -> int:
     """Linears that read the attention's input (the norm output): q_a_proj (or q_proj) and kv_a_proj_with_mqa."""
     return 2
@@ -73,23 +79,32 @@ def math_rerun_live(spec: ModelSpec, *, a: int, tokens: int, seq: int, tp: int =
     keeps its locals until it returns — the fp32 upcasts of q, k and v (q, k and v themselves in fp32), the scaled
     q, the scaled transposed k (saved by the scores' matmul), the causal mask (FP32·s², once per call) — and matmul
     folds (b, n) of a q that is a transposed view of (b, s, n, d) into a contiguous copy it saves when b > 1
-    (`q_folded`: torchtitan's q; transformers' query_states is a contiguous cat). Then the larger of:
+    (`q_folded`: torchtitan's q; transformers' query_states is a contiguous cat). Then the largest of:
       softmax  the scores and the softmax output (FP32·n·s each), and inside _safe_softmax the bool -inf test of the
                scores and its all() over each row (one byte per score, per row);
       output   `make_tuple(matmul(attn, value).to(origin), attn.to(origin))`: the softmax output, its cast (the
                arguments evaluated right to left), matmul's contiguous copy of v (a transposed view) when b > 1, the
-               output in fp32 and its cast (the casts only where the inputs are not fp32).
-    Read off the traces of torchtitan's deepseek_v3 (softmax) and transformers' DeepSeek-V2 (output) on CPU, the
-    first exact against its real step (trace/kernel_scratch.py probes the kernel's own tensors)."""
+               output in fp32 and its cast (the casts only where the inputs are not fp32);
+      returned after it returns (F.scaled_dot_product_attention keeps the output alone: the probabilities' cast, the
+               upcasts, the fp32 output beside its cast and the mask go), at the caller's contiguous copy of the
+               output transposed back (transformers' sdpa_attention_forward, integrations/sdpa_attention.py:195;
+               torchtitan's MLA forward, models/deepseek_v3/model/model.py:319-321): the saved scaled q and k, q's
+               fold copy, the fp32 softmax output and v's copy (the output matmul's saved operands), the output and
+               its copy (a·n·v each) — the high point in fp32, where nothing is upcast.
+    Read off the traces of torchtitan's deepseek_v3 (softmax) and transformers' DeepSeek-V2 (output under 16 bits,
+    returned in fp32) on CPU, the first exact against its real step (trace/kernel_scratch.py probes the kernel's own
+    tensors)."""
     m, n = spec.mla, spec.heads / tp
     qk, v = m.qk_head_dim, m.v_head_dim
     low = a if a != FP32 else 0
     batched = tokens > seq
+    saved = FP32 * n * qk * (2 + (q_folded and batched))
     upcast = FP32 * n * (2 * qk + v) if low else 0
-    held = upcast + FP32 * n * qk * (2 + (q_folded and batched))
     softmax = (2 * FP32 + 1) * n * seq + n
     output = (FP32 + low) * n * seq + FP32 * n * v * (1 + batched) + low * n * v
-    return (held + max(softmax, output)) * tokens + FP32 * seq * seq
+    inside = (upcast + saved + max(softmax, output)) * tokens + FP32 * seq * seq
+    returned = (saved + FP32 * n * seq + FP32 * n * v * batched + 2 * a * n * v) * tokens
+    return max(inside, returned)
 
 
 def torchtitan_forward_held(spec: ModelSpec, *, a: int, stored: set[str], tp: int = 1) -> float:
