@@ -210,8 +210,8 @@ def test_max_num_batched_tokens_below_max_num_seqs_is_refused_or_caps_the_defaul
 @pytest.mark.parametrize("version", ["0.10.1", "0.8.5"])
 def test_kv_cache_memory_is_refused_by_a_release_without_the_flag(version, capsys):
     """--kv-cache-memory-bytes came in 0.11.0 (engine/arg_utils.py:358, :766); 0.10.1's and 0.8.5's wheels have no
-    kv_cache_memory_bytes (their serve parsers' options: data/serve_flags.json). Before: the KV cache was taken as given,
-    and --emit vllm wrote the flag."""
+    kv_cache_memory_bytes (their serve parsers' options: data/serve_flags.json). Before: the KV cache was taken as
+    given, and --emit vllm wrote the flag."""
     from trainfit.cli import main
 
     with pytest.raises(SystemExit) as e:
