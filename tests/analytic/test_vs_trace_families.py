@@ -336,14 +336,19 @@ def test_prefill_moments_at_a_larger_batch(family, precision, device):
     assert_analytic_near_trace(spec, setup, family, TOLERANCE)
 
 
-@pytest.mark.parametrize("precision,optimizer", [("fp32", "adamw"), ("fp32", "sgd"), ("amp-bf16", "adamw"),
-                                                 ("amp-bf16", "sgd")])
-def test_transformers_mla_rerun_on_cpu(precision, optimizer):
-    """transformers' DeepSeek-V2 with full recompute on CPU peaks in a re-run layer's math-path MLA attention
-    (backward._mla_math_rerun_moment), read off the trace with each allocation's aten op: in fp32 at the output's
-    contiguous copy once SDPA returns (mla.math_rerun_live `returned`), the attention norm's input and compressed_kv
-    counted once; under autocast with the projections' weight casts, the latent norm's fp32 output and the MLP
-    output's gradient cast. Before: +0.42 % / +0.78 % (fp32, AdamW / SGD), -2.90 % / -5.16 % (amp-bf16)."""
-    spec = spec_from_config(shrink(CONFIGS["deepseek_v2"]), "small-deepseek_v2")
+@pytest.mark.parametrize("family,precision,optimizer", [
+    ("deepseek_v2", "fp32", "adamw"), ("deepseek_v2", "fp32", "sgd"), ("deepseek_v2", "amp-bf16", "adamw"),
+    ("deepseek_v2", "amp-bf16", "sgd"), ("deepseek_v3", "fp32", "sgd"), ("deepseek_v3", "bf16", "sgd"),
+    ("deepseek_v3", "amp-bf16", "sgd")])
+def test_transformers_mla_rerun_on_cpu(family, precision, optimizer):
+    """transformers' DeepSeek with full recompute on CPU, read off the trace with each allocation's aten op.
+    DeepSeek-V2 peaks in a re-run layer's math-path MLA attention (backward._mla_math_rerun_moment): in fp32 at the
+    output's contiguous copy once SDPA returns (mla.math_rerun_live `returned`), the attention norm's input and
+    compressed_kv counted once; under autocast with the projections' weight casts, the latent norm's fp32 output and
+    the MLP output's gradient cast. Before: +0.42 % / +0.78 % (fp32, AdamW / SGD), -2.90 % / -5.16 % (amp-bf16).
+    DeepSeek-V3 under autocast peaks there too, with its rotated k_rot in fp32 and SDPA's bf16 copy of the query
+    rotary promoted to fp32 (mla.sdpa_query_copy; before -0.59 %); in fp32 and bf16 in its q norm's backward, beside
+    kv_a_proj's input gradient (backward._q_norm_moment; before -0.28 % / -0.22 %)."""
+    spec = spec_from_config(shrink(CONFIGS[family]), f"small-{family}")
     setup = Setup(batch=2, seq=128, precision=precision, recompute="full", optimizer=optimizer, device="cpu")
-    assert_analytic_near_trace(spec, setup, "deepseek_v2", 0.0005)
+    assert_analytic_near_trace(spec, setup, family, 0.0005)

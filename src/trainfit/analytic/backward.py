@@ -353,15 +353,20 @@ def _q_norm_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, k
     the attention's backward (the q path was recorded before the kv path): every saved tensor of the layer is freed
     but the input norm's, q_a_proj's input (under autocast its own cast; kv_a_proj's is freed) and the q norm's fp32
     input copy and rsqrt (its normalised tensor, saved by the weight multiply, went with that op's backward); of
-    autocast's weight casts only q_a_proj's is left; every gradient exists but q_a_proj's."""
+    autocast's weight casts only q_a_proj's is left; every gradient exists but q_a_proj's. kv_a_proj's input
+    gradient, made by the kv path's backward, waits in autograd's input buffer for q_a_proj's, to be summed into the
+    attention norm's output gradient (in that output's dtype, the residual's: fp32 under autocast, through the input
+    cast's backward; read off the trace of small-deepseek_v3 with full recompute in fp32 and bf16: -0.28 % / -0.22 %
+    without it)."""
     from .activations import layer_activations  # noqa: PLC0415 (activations imports this module's peers)
     t, h, a, ql = setup.tp, spec.hidden, st.act, spec.mla.q_lora_rank
+    sp = t if setup.sequence_parallel else 1
     la = layer_activations(spec, setup, moe)
     kept = la.terms["norms"] / 2 + a * h + FP32 * ql + FP32
     # autocast's weight casts: all freed by their matmuls' backward but q_a_proj's
     casts = la.fixed - (a * h * ql if st.autocast else 0)
     freed = ((la.per_token - kept) * tokens + la.per_token_key * tokens * keys + casts) / t
-    grads = 5 * FP32 * ql * tokens / t
+    grads = 5 * FP32 * ql * tokens / t + st.residual * h * tokens / sp  # (the norm's; kv_a_proj's input's)
     return Moment(base + grads, layer_params - (h * ql + (ql if spec.qkv_bias else 0)) / t, freed)
 
 
@@ -401,8 +406,9 @@ def _mla_math_rerun_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens
     inputs (its output, or under autocast the linears' casts with the fp32 output held as the attention's argument),
     the latent norms' (mla.projections_saved), the forward's locals and SDPA's own, on CPU the re-run's copy of the RNG
     state — and no gradient of the layer yet. The forward's locals: torchtitan's (mla.torchtitan_forward_held, its q
-    a transposed view SDPA's matmul copies) or transformers' (mla.transformers_forward_held, and the rotated k_pe,
-    which only a KV cache would take over). The MLP's and o_proj's saved tensors are not made yet.
+    a transposed view SDPA's matmul copies) or transformers' (mla.transformers_forward_held, the rotated k_pe,
+    which only a KV cache would take over, in rotary's dtype, and under autocast SDPA's copy of a query rotary
+    promoted to fp32: mla.sdpa_query_copy, DeepSeek-V3). The MLP's and o_proj's saved tensors are not made yet.
     transformers' re-run (DeepseekV2Attention.forward, modeling_deepseek_v2.py; its RMSNorm computes in fp32):
       - the attention norm's fp32 copy of an fp32 input is the input itself, which the checkpoint keeps (counted with
         the layer's kept tensors, not again here);
@@ -419,7 +425,7 @@ def _mla_math_rerun_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens
     step."""
     from .activations import _composite_inner_norm  # noqa: PLC0415
     from .mla import input_calls, math_rerun_live, projection_params, projections_saved  # noqa: PLC0415
-    from .mla import torchtitan_forward_held, transformers_forward_held  # noqa: PLC0415
+    from .mla import rotated_bytes, sdpa_query_copy, torchtitan_forward_held, transformers_forward_held  # noqa: PLC0415
     from .recompute import CPU_RNG_STATE, op_sac_saved_matmuls  # noqa: PLC0415 (recompute imports this module)
     from .params import count_params  # noqa: PLC0415
     from .parallel.fsdp2 import experts_unsharded_late  # noqa: PLC0415
@@ -433,7 +439,9 @@ def _mla_math_rerun_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens
         stored = {mm[0] for mm in op_sac_saved_matmuls(spec, setup)} if setup.recompute == "op" else set()
         held = torchtitan_forward_held(spec, a=a, stored=stored, tp=t)
     else:
-        held = transformers_forward_held(spec, a=a, r=r, tp=t) + a * m.qk_rope_head_dim
+        # and the rotated k_rot, in rotary's dtype; under autocast SDPA's copy of a query rotary promoted to fp32
+        held = (transformers_forward_held(spec, a=a, r=r, tp=t) + rotated_bytes(spec, a, r) * m.qk_rope_head_dim
+                + sdpa_query_copy(spec, a=a, r=r, autocast=st.autocast, tp=t))
         norm -= FP32 * h if r == FP32 else 0  # (the input itself: the checkpoint's)
         held -= a * (m.kv_lora_rank + m.qk_rope_head_dim) if a == FP32 else 0  # (compressed_kv: projections_saved's)
         if st.autocast:

@@ -141,13 +141,26 @@ def complex_rope(spec: ModelSpec) -> bool:
     return spec.family == "deepseek_v2"
 
 
+def rotated_bytes(spec: ModelSpec, a: int, r: int) -> int:
+    """Bytes per element of transformers' rotated q_rot and k_rot: V2 keeps the projections' `a` (`.type_as(xq)`),
+    V3's `q * cos` promotes to cos's dtype, the hidden states' `r` (fp32 under autocast) (complex_rope)."""
+    return a if complex_rope(spec) else max(a, r)
+
+
+def sdpa_query_copy(spec: ModelSpec, *, a: int, r: int, autocast: bool, tp: int = 1) -> float:
+    """Per token, one TP rank: under autocast SDPA (on autocast's lower-precision list) casts a query that rotary
+    promoted to fp32 (query_states = cat(q_pass, q_rot), V3) back to `a`; the copy lives until SDPA returns."""
+    query = max(a, rotated_bytes(spec, a, r))
+    return a * spec.heads / tp * spec.mla.qk_head_dim if autocast and query != a else 0.0
+
+
 def transformers_forward_held(spec: ModelSpec, *, a: int, r: int, tp: int = 1) -> float:
     """Per token, one TP rank: what transformers' MLA forward holds when it calls SDPA (prefill_attention's list:
     q_states, compressed_kv, the rotated q_rot in its promoted dtype, query_states, kv_b_proj's output, the new
     key_states). `r`: the hidden states' (cos/sin's) dtype."""
     m, n = spec.mla, spec.heads / tp
     qk, rope = m.qk_head_dim, m.qk_rope_head_dim
-    rot = a if complex_rope(spec) else max(a, r)
+    rot = rotated_bytes(spec, a, r)
     query = max(a, rot)
     return (a * n * qk + a * (m.kv_lora_rank + rope) + rot * n * rope + query * n * qk
             + a * n * (m.qk_nope_head_dim + m.v_head_dim) + a * n * qk)
@@ -183,11 +196,10 @@ def prefill_attention(spec: ModelSpec, *, a: int, r: int, kernel: str, seq: int,
     m = spec.mla
     n = spec.heads / tp
     qk, v = m.qk_head_dim, m.v_head_dim
-    rot = a if complex_rope(spec) else max(a, r)
-    query = max(a, rot)
+    query = max(a, rotated_bytes(spec, a, r))
     held = transformers_forward_held(spec, a=a, r=r, tp=tp) * tokens
     # SDPA's autocast copy of a query rotary promoted to fp32, freed when SDPA returns
-    q_copy = a * n * qk * tokens if autocast and query != a else 0
+    q_copy = sdpa_query_copy(spec, a=a, r=r, autocast=autocast, tp=tp) * tokens
     sdpa_in = a if autocast else query
     low = sdpa_in if sdpa_in != FP32 else 0  # the casts back to the inputs' dtype
     if kernel == "flash":
