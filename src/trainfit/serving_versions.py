@@ -83,9 +83,13 @@ def of(setup) -> Version:
 
 
 @lru_cache(maxsize=None)
+def _flag_table() -> dict:
+    return json.loads(resources.files("trainfit.data").joinpath("serve_flags.json").read_text())
+
+
+@lru_cache(maxsize=None)
 def _option_strings(engine: str, version: str) -> frozenset[str]:
-    return frozenset(json.loads(resources.files("trainfit.data").joinpath("serve_flags.json").read_text())[engine][
-        version])
+    return frozenset(_flag_table()[engine][version])
 
 
 def parser_takes(release: Version, flag: str) -> tuple[str, ...]:

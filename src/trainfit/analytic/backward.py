@@ -199,8 +199,8 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
             # MLA's q and kv down/up projections all run their backward after the scores' (as at the SDPA moment,
             # _mla_sdpa_moment): none of their gradients exists yet (read off the trace of small-deepseek_v3 on
             # CPU, whose math-path attention saves the s×s probabilities: only o_proj's and the MLP's gradients)
-            from .mla import linear_params  # noqa: PLC0415
-            qkv = (linear_params(spec) - spec.heads * spec.mla.v_head_dim * h) / t
+            from .mla import projection_params  # noqa: PLC0415
+            qkv = projection_params(spec) / t
         freed = mlp_saved * tokens + mask + post_norm
         # the attention output's sub-block, where its backward has run before the moment: the output projection's
         # saved input (the kernel's output) and, under autocast, its weight cast

@@ -613,7 +613,7 @@ def _q_norm_moment(spec: ModelSpec, setup: Setup, tokens: int, casts_attn: float
         return 0.0
     st = state_bytes(setup)
     own = _layer_cache(spec, setup, tokens)
-    later = attention_linear_params(spec) - o_proj_params(spec) - spec.hidden * spec.mla.q_lora_rank
+    later = mla.projection_params(spec) - spec.hidden * spec.mla.q_lora_rank
     casts = casts_attn - st.act * later / setup.tp if casts_attn else 0
     return _held(spec, setup, tokens) + mla.q_norm_prefill(spec, a=st.act, tokens=tokens) + casts - own
 

@@ -187,7 +187,8 @@ def capture_sizes(max_num_seqs: int, max_tokens: int, blackwell: bool = False,
 
 
 def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
-    version = serving_versions.of(setup).version
+    release = serving_versions.of(setup)
+    version, facts = release.version, release.facts
     tokens, seqs = default_limits(gpu, version)
     longest = spec.max_positions or setup.seq
     max_len = setup.max_model_len or longest
@@ -195,9 +196,8 @@ def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
         raise SetupError(f"--max-model-len {setup.max_model_len} exceeds {spec.name}'s max_position_embeddings "
                          f"({spec.max_positions}); vLLM refuses it without VLLM_ALLOW_LONG_MAX_MODEL_LEN")
     batched = setup.max_num_batched_tokens or tokens
-    facts = serving_versions.of(setup).facts
     flag = "--kv-cache-memory-bytes"  # (EngineArgs.kv_cache_memory_bytes from 0.11.0, engine/arg_utils.py:358)
-    if setup.kv_cache_memory and not serving_versions.has_flag(serving_versions.of(setup), flag):
+    if setup.kv_cache_memory and not serving_versions.has_flag(release, flag):
         raise SetupError(f"--kv-cache-memory: vLLM {version}'s `vllm serve` has no {flag} (data/serve_flags.json; "
                          f"vLLM {', '.join(serving_versions.releases_taking('vllm', flag))} have it): drop it, its "
                          "--gpu-memory-utilization sizes the KV cache")

@@ -193,7 +193,8 @@ def _serving(data: dict, path: Path) -> str | None:
 def read(path: str | Path, dp: int | None = None, release=None) -> Reading:
     """The Reading of one file, by the reader of its stack; `dp` (--dp): the data-parallel ranks when the file
     leaves them to the launch (torchtitan's data_parallel_shard_degree -1); `release` (serving_versions.Version,
-    check's --server): the serving engine release a command is for, given to that engine's reader (its ENGINE)."""
+    check's --server): the serving engine release a command is for, given to that engine's reader (its ENGINE)
+    where it is not the release the reader follows (its FLAGS_OF)."""
     why = not_a_file(path)
     if why:
         raise SetupError(f"{why}: give the path of your config or launch script")
@@ -201,8 +202,8 @@ def read(path: str | Path, dp: int | None = None, release=None) -> Reading:
     text = p.read_text(encoding="utf-8", errors="replace")
     kind = kind_of(p, text)
     reader = import_module(f"{__package__}.{kind}")
-    if release is not None and getattr(reader, "ENGINE", None) == release.engine:
-        return reader.read(p, text, dp, release)
+    if release is not None and getattr(reader, "ENGINE", None) == release.engine and release.version != reader.FLAGS_OF:
+        return reader.read(p, text, dp, release)  # (the reader's own release needs no other flags)
     return reader.read(p, text, dp)
 
 

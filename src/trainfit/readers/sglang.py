@@ -152,7 +152,6 @@ def read(path: Path, text: str, dp: int | None = None, release=None) -> Reading:
     """`release` (serving_versions.Version): the SGLang release the command is for, when not FLAGS_OF: its parser's
     flags taken (cmdline.release_flags; --config only where it has one), each read as this reader reads it (NB: a
     flag both take is read as FLAGS_OF reads it)."""
-    release = release if release is not None and release.version != FLAGS_OF else None
     # (the --config YAML by itself: as `python -m sglang.launch_server --config FILE` reads it)
     before, argv = ([], ["--config", str(path)]) if config_file(path) else \
         split(text, str(path), lambda w: w in LAUNCHERS)

@@ -247,7 +247,6 @@ def read(path: Path, text: str, dp: int | None = None, release=None) -> Reading:
     flags taken (cmdline.release_flags), each read as this reader reads it. NB: a flag both take is read as FLAGS_OF
     reads it (-O N before 0.14 was --compilation-config's level, not --optimization-level: both CUDA graphs and
     time), and before 0.10 a dotted --x.y is unrecognized (0.8.5 vllm/utils.py:1340-1375), which is not checked."""
-    release = release if release is not None and release.version != FLAGS_OF else None
     bare = config_file(path)  # the --config YAML by itself: as `vllm serve --config FILE` reads it
     argv = ["--config", str(path)] if bare else split(text, str(path), lambda w: w == "serve")[1]
     argv, config = with_config(model_first(argv), path, needs_model=not bare)
